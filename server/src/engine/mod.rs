@@ -1,0 +1,22 @@
+//! The decision engine: the Linux fair class's placement and migration
+//! algorithms over one node's read-only state.
+//!
+//! The engine is pure: it knows nothing of gRPC, the store, time or metrics.
+//! `decide`, the service and the benchmarks all call the same functions:
+//! [`select_task_rq`] for wakeup, fork and exec, and [`can_migrate_task`].
+
+pub mod core;
+pub mod cpumask;
+pub(crate) mod ctx;
+pub mod decision;
+pub mod fair;
+pub mod features;
+pub mod migrate;
+pub mod sis;
+pub mod slowpath;
+pub mod state;
+pub mod topology;
+
+pub use self::core::select_task_rq;
+pub use ctx::View;
+pub use migrate::can_migrate_task;

@@ -1,0 +1,277 @@
+//! Per-CPU runqueue state, per-LLC hints and the task being placed, with the
+//! derived facts every algorithm reads (`idle_cpu`, `sched_idle_rq`, the
+//! SIS_UTIL budget, the idle-core hint).
+
+use super::cpumask::CpuMask;
+use super::features::Features;
+use super::topology::Topology;
+
+/// One runqueue as the agent last reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuState {
+    pub online: bool,
+    /// `rq->nr_running`, all classes.
+    pub nr_running: u32,
+    /// `rq->cfs.h_nr_idle`: SCHED_IDLE tasks queued.
+    pub h_nr_idle: u32,
+    /// `cfs_h_nr_delayed()`: delayed-dequeue entities.
+    pub nr_delayed: u32,
+    /// `rq->cfs.h_nr_queued`.
+    pub cfs_h_nr_queued: u32,
+    /// `rq->curr == rq->idle`.
+    pub curr_is_idle: bool,
+    pub ttwu_pending: bool,
+    pub vcpu_preempted: bool,
+    pub load_avg: i64,
+    pub runnable_avg: i64,
+    pub util_avg: i64,
+    pub util_est: i64,
+    /// `capacity_of()`, 1..=capacity_orig.
+    pub capacity: u32,
+    /// `get_actual_cpu_capacity()`, 0..=capacity_orig.
+    pub actual_capacity: u32,
+    /// Exit latency of the idle state the CPU is in; `None` = no state.
+    pub idle_exit_latency: Option<u32>,
+    pub idle_stamp: i64,
+    pub curr_is_per_cpu_kthread: bool,
+    pub core_cookie: u64,
+}
+
+impl CpuState {
+    /// An online, idle, empty runqueue of the given capacity.
+    pub fn idle(capacity: u32) -> Self {
+        Self {
+            online: true,
+            nr_running: 0,
+            h_nr_idle: 0,
+            nr_delayed: 0,
+            cfs_h_nr_queued: 0,
+            curr_is_idle: true,
+            ttwu_pending: false,
+            vcpu_preempted: false,
+            load_avg: 0,
+            runnable_avg: 0,
+            util_avg: 0,
+            util_est: 0,
+            capacity,
+            actual_capacity: capacity,
+            idle_exit_latency: None,
+            idle_stamp: 0,
+            curr_is_per_cpu_kthread: false,
+            core_cookie: 0,
+        }
+    }
+
+    /// What an offline CPU looks like to the algorithms: an idle, empty
+    /// runqueue that keeps only its capacities.
+    pub fn offline(self) -> Self {
+        Self {
+            online: false,
+            capacity: self.capacity,
+            actual_capacity: self.actual_capacity,
+            ..Self::idle(self.capacity)
+        }
+    }
+
+    /// `idle_cpu()`.
+    #[inline]
+    pub fn idle_cpu(&self) -> bool {
+        self.curr_is_idle && self.nr_running == 0 && !self.ttwu_pending
+    }
+
+    /// `available_idle_cpu()`.
+    #[inline]
+    pub fn available_idle(&self) -> bool {
+        self.idle_cpu() && !self.vcpu_preempted
+    }
+
+    /// `sched_idle_rq()`: everything runnable here is SCHED_IDLE work.
+    #[inline]
+    pub fn sched_idle_rq(&self) -> bool {
+        self.nr_running > 0 && self.nr_running == self.h_nr_idle
+    }
+}
+
+/// A hint stored in a shared object; absent values are derived.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SharedHint {
+    pub nr_idle_scan: Option<u32>,
+    pub has_idle_cores: Option<bool>,
+}
+
+/// The values of one shared object as a decision reads them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SharedState {
+    pub nr_idle_scan: u32,
+    pub has_idle_cores: bool,
+}
+
+/// One node's runqueues plus the hints of its shared objects: the read-only
+/// view every decision runs against.
+#[derive(Debug, Clone)]
+pub struct NodeState {
+    pub cpus: Vec<CpuState>,
+    pub shared: Vec<SharedState>,
+}
+
+impl NodeState {
+    /// Builds the view: offline CPUs are normalised, and every shared-object
+    /// value not given as a hint is derived from the present state.
+    /// `hints` is indexed like `topo.shared` (missing entries mean no hint).
+    pub fn new(
+        topo: &Topology,
+        mut cpus: Vec<CpuState>,
+        hints: &[SharedHint],
+        features: &Features,
+    ) -> NodeState {
+        for (i, c) in cpus.iter_mut().enumerate() {
+            if !topo.online.test(i) {
+                *c = c.offline();
+            } else {
+                c.online = true;
+            }
+        }
+        let mut st = NodeState {
+            cpus,
+            shared: vec![SharedState::default(); topo.shared.len()],
+        };
+        for k in 0..topo.shared.len() {
+            let h = hints.get(k).copied().unwrap_or_default();
+            st.shared[k] = SharedState {
+                nr_idle_scan: h
+                    .nr_idle_scan
+                    .unwrap_or_else(|| st.derive_nr_idle_scan(topo, k, features)),
+                has_idle_cores: h
+                    .has_idle_cores
+                    .unwrap_or_else(|| st.derive_has_idle_cores(topo, k)),
+            };
+        }
+        st
+    }
+
+    /// `cpu_util_cfs()` as `update_idle_cpu_scan()` sums it.
+    fn cpu_util_cfs(&self, topo: &Topology, i: usize, features: &Features) -> i64 {
+        let c = &self.cpus[i];
+        let e = if features.util_est { c.util_est } else { 0 };
+        c.util_avg.max(e).min(topo.capacity_orig(i) as i64)
+    }
+
+    /// `update_idle_cpu_scan()` applied to the present state: the share of the
+    /// domain to scan falls quadratically with its average utilisation.
+    pub fn derive_nr_idle_scan(&self, topo: &Topology, obj: usize, features: &Features) -> u32 {
+        let o = &topo.shared[obj];
+        if !o.live || o.weight == 0 {
+            return 0;
+        }
+        let w = o.weight as i64;
+        let pct = o.imbalance_pct as i64;
+        let sum_util: i64 = topo
+            .span(o.span)
+            .iter()
+            .filter(|&i| topo.online.test(i))
+            .map(|i| self.cpu_util_cfs(topo, i, features))
+            .sum();
+        let x = sum_util / w;
+        let tmp = (x * x * pct * pct / (10000 * 1024)).min(1024);
+        let y = 1024 - tmp;
+        (y * w / 1024) as u32
+    }
+
+    /// The truth the `has_idle_cores` hint approximates: some CPU that reads
+    /// this object sits on a core whose online threads are all idle.
+    pub fn derive_has_idle_cores(&self, topo: &Topology, obj: usize) -> bool {
+        let o = &topo.shared[obj];
+        o.balance_members.iter().any(|c| {
+            topo.smt_siblings(c)
+                .iter()
+                .all(|&s| self.cpus[s as usize].available_idle())
+        })
+    }
+
+    /// The online CPUs whose runqueue is wholly idle (`available_idle_cpu`).
+    pub fn available_idle_mask(&self) -> CpuMask {
+        CpuMask::from_cpus(
+            self.cpus
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.online && c.available_idle())
+                .map(|(i, _)| i),
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    Normal,
+    Batch,
+    /// SCHED_IDLE.
+    Idle,
+}
+
+/// The task being placed or migrated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    pub policy: Policy,
+    /// `p->cpus_mask`; may contain offline CPUs.
+    pub cpus_allowed: CpuMask,
+    /// `task_cpu(p)` / `p->wake_cpu`.
+    pub prev_cpu: usize,
+    /// `p->recent_used_cpu`; `None` = no candidate.
+    pub recent_used_cpu: Option<usize>,
+    pub util_avg: i64,
+    pub util_est: i64,
+    pub runnable_avg: i64,
+    /// `task_h_load(p)`.
+    pub load_avg: i64,
+    pub uclamp_min: u32,
+    pub uclamp_max: u32,
+    pub wakee_flips: i64,
+    pub migration_disabled: bool,
+    pub core_cookie: u64,
+    pub numa_preferred_nid: i32,
+    pub per_cpu_kthread: bool,
+    pub running: bool,
+    pub sched_delayed: bool,
+    pub eligible: bool,
+    pub next_buddy: bool,
+    pub blocked: bool,
+    pub exec_start: i64,
+    /// Replaces the final clock comparison of `task_hot()` when given.
+    pub hot: Option<bool>,
+}
+
+impl Task {
+    /// A normal task allowed everywhere, last run on `prev_cpu`.
+    pub fn new(nr_cpus: usize, prev_cpu: usize) -> Self {
+        Self {
+            policy: Policy::Normal,
+            cpus_allowed: CpuMask::first_n(nr_cpus),
+            prev_cpu,
+            recent_used_cpu: Some(prev_cpu),
+            util_avg: 0,
+            util_est: 0,
+            runnable_avg: 0,
+            load_avg: 0,
+            uclamp_min: 0,
+            uclamp_max: 1024,
+            wakee_flips: 0,
+            migration_disabled: false,
+            core_cookie: 0,
+            numa_preferred_nid: -1,
+            per_cpu_kthread: false,
+            running: false,
+            sched_delayed: false,
+            eligible: true,
+            next_buddy: false,
+            blocked: false,
+            exec_start: 0,
+            hot: None,
+        }
+    }
+
+    /// `task_util_est()`.
+    #[inline]
+    pub fn util_est_max(&self) -> i64 {
+        self.util_avg.max(self.util_est)
+    }
+}

@@ -1,0 +1,7 @@
+//! fairplace: placement decisions with the Linux kernel's fair-class
+//! algorithms, as a library (the decision engine and the scenario format)
+//! and, in the binary, as a server.
+
+pub mod decide;
+pub mod engine;
+pub mod scenario;

@@ -1,0 +1,980 @@
+//! The placement scenario format, version 1: one JSON object that fully
+//! determines one decision. This module turns a scenario into engine types,
+//! rejecting anything the format does not allow with an error that names the
+//! field, and turns the engine's answer into the format's output shape.
+
+use serde_json::{Map, Value, json};
+
+use crate::engine::cpumask::CpuMask;
+use crate::engine::decision::{Kind, PlaceRequest, Placement};
+use crate::engine::features::{Features, System};
+use crate::engine::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
+use crate::engine::state::{CpuState, NodeState, Policy, SharedHint, Task};
+use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, TopologySpec};
+use crate::engine::{View, can_migrate_task, select_task_rq};
+
+/// The largest load, utilisation or flip count a scenario may give.
+const MAX_SIGNAL: i64 = (1 << 31) - 1;
+/// The largest clock value.
+const MAX_CLOCK: i64 = 1 << 62;
+
+/// What a scenario asks.
+#[derive(Debug, Clone)]
+pub enum Request {
+    Place(PlaceRequest),
+    Migrate(MigrateEnv),
+}
+
+/// A parsed, validated scenario: everything one decision needs.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: Option<String>,
+    pub topology: Topology,
+    pub state: NodeState,
+    pub features: Features,
+    pub system: System,
+    pub task: Task,
+    pub request: Request,
+}
+
+/// The answer to a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    Place(Placement),
+    Migrate(MigrateDecision),
+}
+
+impl Scenario {
+    pub fn view(&self) -> View<'_> {
+        View {
+            topo: &self.topology,
+            state: &self.state,
+            features: &self.features,
+            system: &self.system,
+        }
+    }
+
+    pub fn decide(&self) -> Answer {
+        match &self.request {
+            Request::Place(r) => Answer::Place(select_task_rq(self.view(), &self.task, r)),
+            Request::Migrate(env) => {
+                Answer::Migrate(can_migrate_task(self.view(), &self.task, env))
+            }
+        }
+    }
+
+    /// The answer in the format's output shape (section 9).
+    pub fn answer_json(&self, a: &Answer) -> Value {
+        match a {
+            Answer::Place(p) => {
+                let d = &p.detail;
+                json!({
+                    "cpu": p.cpu,
+                    "path": p.path.as_str(),
+                    "scanned": p.scanned,
+                    "detail": {
+                        "want_affine": d.want_affine,
+                        "affine": d.affine.map(|a| a.as_str()),
+                        "sis_target": d.sis_target,
+                        "has_idle_core": d.has_idle_core,
+                        "nr_idle_scan": d.nr_idle_scan,
+                        "slow_levels": d.slow_levels,
+                        "slow_cpus_read": d.slow_cpus_read,
+                    }
+                })
+            }
+            Answer::Migrate(m) => {
+                let Request::Migrate(env) = &self.request else {
+                    unreachable!("a migrate answer comes from a migrate request")
+                };
+                let dom = &self.topology.domains(env.dst_cpu)[env.sd];
+                json!({
+                    "allowed": m.allowed,
+                    "new_dst_cpu": m.new_dst_cpu,
+                    "flags": flag_names(m.flags),
+                    "reason": m.reason.as_str(),
+                    "task_hot": m.task_hot,
+                    "detail": {
+                        "sd_level": dom.level.to_string(),
+                        "sd_span": self.topology.span(dom.span).to_string(),
+                        "cache_nice_tries": m.cache_nice_tries,
+                        "dst_group": env.dst_group.to_string(),
+                        "env_cpus": env.env_cpus.to_string(),
+                    }
+                })
+            }
+        }
+    }
+}
+
+fn flag_names(flags: u32) -> Vec<&'static str> {
+    lbf::NAMES
+        .iter()
+        .filter(|(f, _)| flags & f != 0)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
+/// Parses and decides one scenario, returning the output line's object.
+pub fn decide_value(v: &Value) -> Result<Value, FieldError> {
+    let s = parse(v)?;
+    let a = s.decide();
+    Ok(s.answer_json(&a))
+}
+
+/// A JSON object being read, with its path for error messages. Unknown keys
+/// are rejected up front.
+struct Obj<'a> {
+    path: String,
+    map: &'a Map<String, Value>,
+}
+
+impl<'a> Obj<'a> {
+    fn new(v: &'a Value, path: &str, known: &[&str]) -> Result<Self, FieldError> {
+        let map = v
+            .as_object()
+            .ok_or_else(|| FieldError::new(path, "must be an object"))?;
+        for k in map.keys() {
+            if !known.contains(&k.as_str()) {
+                return Err(FieldError::new(join(path, k), "unknown field"));
+            }
+        }
+        Ok(Obj {
+            path: path.to_string(),
+            map,
+        })
+    }
+
+    fn field(&self, k: &str) -> String {
+        join(&self.path, k)
+    }
+
+    /// The value, treating JSON null as absent.
+    fn get(&self, k: &str) -> Option<&'a Value> {
+        self.map.get(k).filter(|v| !v.is_null())
+    }
+
+    fn int(&self, k: &str, min: i64, max: i64) -> Result<Option<i64>, FieldError> {
+        match self.map.get(k) {
+            None => Ok(None),
+            Some(v) => int_value(v, &self.field(k), min, max).map(Some),
+        }
+    }
+
+    fn int_or(&self, k: &str, min: i64, max: i64, def: i64) -> Result<i64, FieldError> {
+        Ok(self.int(k, min, max)?.unwrap_or(def))
+    }
+
+    fn req_int(&self, k: &str, min: i64, max: i64) -> Result<i64, FieldError> {
+        self.int(k, min, max)?
+            .ok_or_else(|| FieldError::new(self.field(k), "is required"))
+    }
+
+    /// An integer that may be JSON null (`Some(None)`).
+    fn nullable_int(&self, k: &str, min: i64, max: i64) -> Result<Option<Option<i64>>, FieldError> {
+        match self.map.get(k) {
+            None => Ok(None),
+            Some(Value::Null) => Ok(Some(None)),
+            Some(v) => int_value(v, &self.field(k), min, max).map(|x| Some(Some(x))),
+        }
+    }
+
+    fn bool(&self, k: &str) -> Result<Option<bool>, FieldError> {
+        match self.map.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(FieldError::new(self.field(k), "must be true or false")),
+        }
+    }
+
+    fn bool_or(&self, k: &str, def: bool) -> Result<bool, FieldError> {
+        Ok(self.bool(k)?.unwrap_or(def))
+    }
+
+    fn nullable_bool(&self, k: &str) -> Result<Option<bool>, FieldError> {
+        match self.map.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(FieldError::new(
+                self.field(k),
+                "must be true, false or null",
+            )),
+        }
+    }
+
+    fn str(&self, k: &str) -> Result<Option<&'a str>, FieldError> {
+        match self.map.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(FieldError::new(self.field(k), "must be a string")),
+        }
+    }
+
+    fn choice<T: Copy>(&self, k: &str, opts: &[(&str, T)], def: T) -> Result<T, FieldError> {
+        match self.str(k)? {
+            None => Ok(def),
+            Some(s) => opts
+                .iter()
+                .find(|(n, _)| *n == s)
+                .map(|(_, t)| *t)
+                .ok_or_else(|| {
+                    let names: Vec<&str> = opts.iter().map(|(n, _)| *n).collect();
+                    FieldError::new(
+                        self.field(k),
+                        format!("{s:?} is not one of {}", names.join(", ")),
+                    )
+                }),
+        }
+    }
+
+    fn cpulist(&self, k: &str, n: usize) -> Result<Option<CpuMask>, FieldError> {
+        match self.str(k)? {
+            None => Ok(None),
+            Some(s) => CpuMask::parse_cpulist(s, n)
+                .map(Some)
+                .map_err(|e| FieldError::new(self.field(k), e)),
+        }
+    }
+
+    fn cpu(&self, k: &str, n: usize) -> Result<Option<usize>, FieldError> {
+        match self.map.get(k) {
+            None => Ok(None),
+            Some(v) => cpu_value(v, &self.field(k), n).map(Some),
+        }
+    }
+}
+
+fn join(path: &str, k: &str) -> String {
+    if path.is_empty() {
+        k.to_string()
+    } else {
+        format!("{path}.{k}")
+    }
+}
+
+fn int_value(v: &Value, field: &str, min: i64, max: i64) -> Result<i64, FieldError> {
+    let x = match v {
+        Value::Number(n) => n.as_i64().ok_or_else(|| {
+            if n.is_u64() {
+                FieldError::new(field, format!("{n} is out of range {min}..{max}"))
+            } else {
+                FieldError::new(field, format!("{n} is not an integer"))
+            }
+        })?,
+        _ => return Err(FieldError::new(field, "must be an integer")),
+    };
+    if x < min || x > max {
+        return Err(FieldError::new(
+            field,
+            format!("{x} is out of range {min}..{max}"),
+        ));
+    }
+    Ok(x)
+}
+
+fn cpu_value(v: &Value, field: &str, n: usize) -> Result<usize, FieldError> {
+    let x = match v {
+        Value::Number(num) => num
+            .as_i64()
+            .ok_or_else(|| FieldError::new(field, format!("{num} is not a CPU id")))?,
+        _ => return Err(FieldError::new(field, "must be a CPU id (integer)")),
+    };
+    if x < 0 || x as usize >= n {
+        return Err(FieldError::new(
+            field,
+            format!("CPU {x} is not in the topology"),
+        ));
+    }
+    Ok(x as usize)
+}
+
+/// Parses and validates one scenario.
+pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
+    let top = Obj::new(
+        v,
+        "",
+        &[
+            "version",
+            "name",
+            "generator",
+            "features",
+            "system",
+            "topology",
+            "cpus",
+            "llc",
+            "asym",
+            "task",
+            "request",
+            "expected",
+        ],
+    )?;
+    let version = top.int_or("version", i64::MIN, i64::MAX, 1)?;
+    if version != 1 {
+        return Err(FieldError::new(
+            "version",
+            format!("{version} is not supported (must be 1)"),
+        ));
+    }
+    let name = top.str("name")?.map(str::to_string);
+    if let Some(g) = top.map.get("generator") {
+        if !g.is_object() {
+            return Err(FieldError::new("generator", "must be an object"));
+        }
+    }
+
+    let features = parse_features(top.map.get("features"))?;
+    let system = parse_system(top.map.get("system"))?;
+    let spec = parse_topology(
+        top.map
+            .get("topology")
+            .ok_or_else(|| FieldError::new("topology", "is required"))?,
+    )?;
+    spec.validate("topology")?;
+    let n = spec.cpus.len();
+    let cpus = parse_cpus(top.map.get("cpus"), &spec)?;
+    let mut online = CpuMask::new();
+    for (i, c) in cpus.iter().enumerate() {
+        if c.online {
+            online.set(i);
+        }
+    }
+    let topology = Topology::build(&spec, &online, system.node_reclaim_distance)?;
+    let hints = parse_hints(top.map.get("llc"), top.map.get("asym"), &topology)?;
+    let state = NodeState::new(&topology, cpus, &hints, &features);
+
+    let req_v = top
+        .map
+        .get("request")
+        .ok_or_else(|| FieldError::new("request", "is required"))?;
+    let kind = {
+        let o = req_v
+            .as_object()
+            .ok_or_else(|| FieldError::new("request", "must be an object"))?;
+        match o.get("kind") {
+            None => return Err(FieldError::new("request.kind", "is required")),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return Err(FieldError::new("request.kind", "must be a string")),
+        }
+    };
+    let task_v = top.map.get("task");
+    let (task, request) = match kind.as_str() {
+        "wakeup" | "fork" | "exec" => {
+            let k = match kind.as_str() {
+                "wakeup" => Kind::Wakeup,
+                "fork" => Kind::Fork,
+                _ => Kind::Exec,
+            };
+            let req = parse_place_request(req_v, k, &topology, &state)?;
+            let task = parse_task(task_v, n, k == Kind::Wakeup, req.this_cpu)?;
+            (task, Request::Place(req))
+        }
+        "can_migrate" => {
+            let (src, dst) = migrate_cpus(req_v, &topology)?;
+            let task = parse_task(task_v, n, false, src)?;
+            let env = parse_migrate_request(req_v, src, dst, &topology, &state)?;
+            (task, Request::Migrate(env))
+        }
+        other => {
+            return Err(FieldError::new(
+                "request.kind",
+                format!("{other:?} is not one of wakeup, fork, exec, can_migrate"),
+            ));
+        }
+    };
+    Ok(Scenario {
+        name,
+        topology,
+        state,
+        features,
+        system,
+        task,
+        request,
+    })
+}
+
+fn parse_features(v: Option<&Value>) -> Result<Features, FieldError> {
+    let mut f = Features::default();
+    let Some(v) = v else { return Ok(f) };
+    let map = v
+        .as_object()
+        .ok_or_else(|| FieldError::new("features", "must be an object"))?;
+    for (k, val) in map {
+        let field = format!("features.{k}");
+        let on = val
+            .as_bool()
+            .ok_or_else(|| FieldError::new(&field, "must be true or false"))?;
+        if !f.set(k, on) {
+            return Err(FieldError::new(field, "unknown feature"));
+        }
+    }
+    Ok(f)
+}
+
+fn parse_system(v: Option<&Value>) -> Result<System, FieldError> {
+    let mut s = System::default();
+    let Some(v) = v else { return Ok(s) };
+    let o = Obj::new(
+        v,
+        "system",
+        &[
+            "uclamp_used",
+            "core_sched",
+            "migration_cost_ns",
+            "node_reclaim_distance",
+        ],
+    )?;
+    s.uclamp_used = o.nullable_bool("uclamp_used")?;
+    s.core_sched = o.bool_or("core_sched", false)?;
+    s.migration_cost_ns = o.int_or("migration_cost_ns", -1, MAX_CLOCK, s.migration_cost_ns)?;
+    s.node_reclaim_distance = o.int_or(
+        "node_reclaim_distance",
+        0,
+        1 << 20,
+        s.node_reclaim_distance as i64,
+    )? as u32;
+    Ok(s)
+}
+
+fn parse_topology(v: &Value) -> Result<TopologySpec, FieldError> {
+    let o = Obj::new(v, "topology", &["cpus", "numa_distance"])?;
+    let list = o
+        .map
+        .get("cpus")
+        .ok_or_else(|| FieldError::new("topology.cpus", "is required"))?
+        .as_array()
+        .ok_or_else(|| FieldError::new("topology.cpus", "must be a list"))?;
+    if list.len() > crate::engine::cpumask::MAX_CPUS {
+        return Err(FieldError::new(
+            "topology.cpus",
+            format!(
+                "{} CPUs exceed the limit of {}",
+                list.len(),
+                crate::engine::cpumask::MAX_CPUS
+            ),
+        ));
+    }
+    let mut cpus = Vec::with_capacity(list.len());
+    for (i, c) in list.iter().enumerate() {
+        let path = format!("topology.cpus[{i}]");
+        let c = Obj::new(
+            c,
+            &path,
+            &["id", "core", "cluster", "llc", "node", "capacity"],
+        )?;
+        let id = c.req_int("id", 0, i64::MAX)?;
+        if id != i as i64 {
+            return Err(FieldError::new(
+                c.field("id"),
+                format!("{id} must equal the list position {i}"),
+            ));
+        }
+        cpus.push(CpuTopo {
+            core: c.req_int("core", 0, u32::MAX as i64)? as u32,
+            cluster: c.int("cluster", 0, u32::MAX as i64)?.map(|x| x as u32),
+            llc: c.req_int("llc", 0, u32::MAX as i64)? as u32,
+            node: c.int_or("node", 0, 255, 0)? as u32,
+            capacity: c.int_or("capacity", 1, 1024, 1024)? as u32,
+        });
+    }
+    let numa_distance = match o.get("numa_distance") {
+        None => None,
+        Some(d) => {
+            let rows = d.as_array().ok_or_else(|| {
+                FieldError::new("topology.numa_distance", "must be a list of lists")
+            })?;
+            let mut m = Vec::with_capacity(rows.len());
+            for (a, row) in rows.iter().enumerate() {
+                let f = format!("topology.numa_distance[{a}]");
+                let row = row
+                    .as_array()
+                    .ok_or_else(|| FieldError::new(&f, "must be a list"))?;
+                let mut r = Vec::with_capacity(row.len());
+                for (b, x) in row.iter().enumerate() {
+                    r.push(int_value(x, &format!("{f}[{b}]"), 0, 1 << 20)? as u32);
+                }
+                m.push(r);
+            }
+            Some(m)
+        }
+    };
+    Ok(TopologySpec {
+        cpus,
+        numa_distance,
+    })
+}
+
+fn parse_cpus(v: Option<&Value>, spec: &TopologySpec) -> Result<Vec<CpuState>, FieldError> {
+    let n = spec.cpus.len();
+    let mut cpus: Vec<CpuState> = spec
+        .cpus
+        .iter()
+        .map(|t| CpuState::idle(t.capacity))
+        .collect();
+    let Some(v) = v else { return Ok(cpus) };
+    let list = v
+        .as_array()
+        .ok_or_else(|| FieldError::new("cpus", "must be a list"))?;
+    let mut seen = CpuMask::new();
+    for (k, e) in list.iter().enumerate() {
+        let path = format!("cpus[{k}]");
+        let o = Obj::new(
+            e,
+            &path,
+            &[
+                "id",
+                "online",
+                "nr_running",
+                "h_nr_idle",
+                "nr_delayed",
+                "cfs_h_nr_queued",
+                "curr_is_idle",
+                "ttwu_pending",
+                "vcpu_preempted",
+                "load_avg",
+                "runnable_avg",
+                "util_avg",
+                "util_est",
+                "capacity",
+                "actual_capacity",
+                "idle_exit_latency",
+                "idle_stamp",
+                "curr_is_per_cpu_kthread",
+                "core_cookie",
+            ],
+        )?;
+        let id = match e.get("id") {
+            None => return Err(FieldError::new(o.field("id"), "is required")),
+            Some(v) => cpu_value(v, &o.field("id"), n)?,
+        };
+        if seen.test(id) {
+            return Err(FieldError::new(
+                o.field("id"),
+                format!("CPU {id} is listed twice"),
+            ));
+        }
+        seen.set(id);
+        let cap = spec.cpus[id].capacity as i64;
+        let nr = o.int_or("nr_running", 0, MAX_SIGNAL, 0)?;
+        let h_nr_idle = o.int_or("h_nr_idle", 0, MAX_SIGNAL, 0)?;
+        if h_nr_idle > nr {
+            return Err(FieldError::new(
+                o.field("h_nr_idle"),
+                format!("{h_nr_idle} exceeds nr_running {nr}"),
+            ));
+        }
+        let nr_delayed = o.int_or("nr_delayed", 0, MAX_SIGNAL, 0)?;
+        if nr_delayed > nr {
+            return Err(FieldError::new(
+                o.field("nr_delayed"),
+                format!("{nr_delayed} exceeds nr_running {nr}"),
+            ));
+        }
+        let capacity = o.int_or("capacity", 1, cap, cap)?;
+        cpus[id] = CpuState {
+            online: o.bool_or("online", true)?,
+            nr_running: nr as u32,
+            h_nr_idle: h_nr_idle as u32,
+            nr_delayed: nr_delayed as u32,
+            cfs_h_nr_queued: o.int_or("cfs_h_nr_queued", 0, MAX_SIGNAL, nr)? as u32,
+            curr_is_idle: o.bool_or("curr_is_idle", nr == 0)?,
+            ttwu_pending: o.bool_or("ttwu_pending", false)?,
+            vcpu_preempted: o.bool_or("vcpu_preempted", false)?,
+            load_avg: o.int_or("load_avg", 0, MAX_SIGNAL, 0)?,
+            runnable_avg: o.int_or("runnable_avg", 0, MAX_SIGNAL, 0)?,
+            util_avg: o.int_or("util_avg", 0, MAX_SIGNAL, 0)?,
+            util_est: o.int_or("util_est", 0, MAX_SIGNAL, 0)?,
+            capacity: capacity as u32,
+            actual_capacity: o.int_or("actual_capacity", 0, cap, cap)? as u32,
+            idle_exit_latency: o
+                .nullable_int("idle_exit_latency", 0, u32::MAX as i64 - 1)?
+                .flatten()
+                .map(|x| x as u32),
+            idle_stamp: o.int_or("idle_stamp", 0, MAX_CLOCK, 0)?,
+            curr_is_per_cpu_kthread: o.bool_or("curr_is_per_cpu_kthread", false)?,
+            core_cookie: o.int_or("core_cookie", 0, i64::MAX, 0)? as u64,
+        };
+    }
+    Ok(cpus)
+}
+
+fn parse_hint(v: &Value, path: &str) -> Result<SharedHint, FieldError> {
+    let o = Obj::new(v, path, &["nr_idle_scan", "has_idle_cores"])?;
+    Ok(SharedHint {
+        nr_idle_scan: o.int("nr_idle_scan", 0, MAX_SIGNAL)?.map(|x| x as u32),
+        has_idle_cores: o.bool("has_idle_cores")?,
+    })
+}
+
+fn parse_hints(
+    llc: Option<&Value>,
+    asym: Option<&Value>,
+    topo: &Topology,
+) -> Result<Vec<SharedHint>, FieldError> {
+    let mut hints = vec![SharedHint::default(); topo.shared.len()];
+    if let Some(v) = llc {
+        let map = v
+            .as_object()
+            .ok_or_else(|| FieldError::new("llc", "must be an object"))?;
+        for (k, val) in map {
+            let path = format!("llc.{k}");
+            let id: u32 = k
+                .parse()
+                .ok()
+                .filter(|id| topo.spec.cpus.iter().any(|c| c.llc == *id))
+                .ok_or_else(|| {
+                    FieldError::new(&path, format!("{k:?} is not an LLC id of the topology"))
+                })?;
+            let h = parse_hint(val, &path)?;
+            // An LLC without a domain has no object: the entry is accepted and ignored.
+            for (i, o) in topo.shared.iter().enumerate() {
+                if o.kind == SharedKind::Llc && o.live && o.llc == id {
+                    hints[i] = h;
+                }
+            }
+        }
+    }
+    if let Some(v) = asym {
+        let map = v
+            .as_object()
+            .ok_or_else(|| FieldError::new("asym", "must be an object"))?;
+        for (k, val) in map {
+            let path = format!("asym.{k}");
+            let span =
+                CpuMask::parse_cpulist(k, topo.nr_cpus).map_err(|e| FieldError::new(&path, e))?;
+            let idx = topo
+                .shared
+                .iter()
+                .position(|o| o.kind == SharedKind::Asym && o.live && *topo.span(o.span) == span)
+                .ok_or_else(|| {
+                    FieldError::new(
+                        &path,
+                        "is not the span of an asymmetric-capacity shared object",
+                    )
+                })?;
+            hints[idx] = parse_hint(val, &path)?;
+        }
+    }
+    Ok(hints)
+}
+
+fn parse_task(
+    v: Option<&Value>,
+    n: usize,
+    wakeup: bool,
+    task_cpu: usize,
+) -> Result<Task, FieldError> {
+    let empty = Value::Object(Map::new());
+    let v = match v {
+        Some(v) => v,
+        None if wakeup => return Err(FieldError::new("task.prev_cpu", "is required for a wakeup")),
+        None => &empty,
+    };
+    let o = Obj::new(
+        v,
+        "task",
+        &[
+            "policy",
+            "cpus_allowed",
+            "prev_cpu",
+            "recent_used_cpu",
+            "util_avg",
+            "util_est",
+            "runnable_avg",
+            "load_avg",
+            "uclamp_min",
+            "uclamp_max",
+            "wakee_flips",
+            "migration_disabled",
+            "core_cookie",
+            "numa_preferred_nid",
+            "per_cpu_kthread",
+            "running",
+            "sched_delayed",
+            "eligible",
+            "next_buddy",
+            "blocked",
+            "exec_start",
+            "hot",
+        ],
+    )?;
+    let given_prev = o.cpu("prev_cpu", n)?;
+    let prev_cpu = if wakeup {
+        given_prev.ok_or_else(|| FieldError::new("task.prev_cpu", "is required for a wakeup"))?
+    } else {
+        task_cpu
+    };
+    let recent_used_cpu = match o.map.get("recent_used_cpu") {
+        None => Some(prev_cpu),
+        Some(Value::Null) => None,
+        Some(v) => Some(cpu_value(v, "task.recent_used_cpu", n)?),
+    };
+    let cpus_allowed = match o.cpulist("cpus_allowed", n)? {
+        None => CpuMask::first_n(n),
+        Some(m) if m.is_empty() => {
+            return Err(FieldError::new("task.cpus_allowed", "must not be empty"));
+        }
+        Some(m) => m,
+    };
+    let mut t = Task::new(n, prev_cpu);
+    t.policy = o.choice(
+        "policy",
+        &[
+            ("normal", Policy::Normal),
+            ("batch", Policy::Batch),
+            ("idle", Policy::Idle),
+        ],
+        Policy::Normal,
+    )?;
+    t.cpus_allowed = cpus_allowed;
+    t.recent_used_cpu = recent_used_cpu;
+    t.util_avg = o.int_or("util_avg", 0, MAX_SIGNAL, 0)?;
+    t.util_est = o.int_or("util_est", 0, MAX_SIGNAL, 0)?;
+    t.runnable_avg = o.int_or("runnable_avg", 0, MAX_SIGNAL, 0)?;
+    t.load_avg = o.int_or("load_avg", 0, MAX_SIGNAL, 0)?;
+    t.uclamp_min = o.int_or("uclamp_min", 0, 1024, 0)? as u32;
+    t.uclamp_max = o.int_or("uclamp_max", 0, 1024, 1024)? as u32;
+    t.wakee_flips = o.int_or("wakee_flips", 0, MAX_SIGNAL, 0)?;
+    t.migration_disabled = o.bool_or("migration_disabled", false)?;
+    t.core_cookie = o.int_or("core_cookie", 0, i64::MAX, 0)? as u64;
+    t.numa_preferred_nid = o.int_or("numa_preferred_nid", -1, 255, -1)? as i32;
+    t.per_cpu_kthread = o.bool_or("per_cpu_kthread", false)?;
+    t.running = o.bool_or("running", false)?;
+    t.sched_delayed = o.bool_or("sched_delayed", false)?;
+    t.eligible = o.bool_or("eligible", true)?;
+    t.next_buddy = o.bool_or("next_buddy", false)?;
+    t.blocked = o.bool_or("blocked", false)?;
+    t.exec_start = o.int_or("exec_start", 0, MAX_CLOCK, 0)?;
+    t.hot = o.nullable_bool("hot")?;
+    Ok(t)
+}
+
+fn parse_place_request(
+    v: &Value,
+    kind: Kind,
+    topo: &Topology,
+    st: &NodeState,
+) -> Result<PlaceRequest, FieldError> {
+    let o = Obj::new(
+        v,
+        "request",
+        &[
+            "kind",
+            "this_cpu",
+            "sync",
+            "wf_current_cpu",
+            "in_task",
+            "waker_exiting",
+            "waker_wakee_flips",
+            "waker_last_wakee_is_task",
+            "waker_flip_decay_expired",
+            "waker_load",
+            "waker_is_per_cpu_kthread",
+        ],
+    )?;
+    let this_cpu = o
+        .cpu("this_cpu", topo.nr_cpus)?
+        .ok_or_else(|| FieldError::new("request.this_cpu", "is required"))?;
+    if !topo.online.test(this_cpu) {
+        return Err(FieldError::new(
+            "request.this_cpu",
+            format!("CPU {this_cpu} is offline"),
+        ));
+    }
+    if kind == Kind::Exec {
+        let rq = &st.cpus[this_cpu];
+        if rq.nr_running < 1 || rq.curr_is_idle {
+            return Err(FieldError::new(
+                "request.this_cpu",
+                format!(
+                    "CPU {this_cpu} must be running the exec'ing task (nr_running >= 1, curr_is_idle false)"
+                ),
+            ));
+        }
+    }
+    let mut r = PlaceRequest::new(kind, this_cpu);
+    r.sync = o.bool_or("sync", false)?;
+    r.wf_current_cpu = o.bool_or("wf_current_cpu", false)?;
+    r.in_task = o.bool_or("in_task", true)?;
+    r.waker_exiting = o.bool_or("waker_exiting", false)?;
+    r.waker_wakee_flips = o.int_or("waker_wakee_flips", 0, MAX_SIGNAL, 0)?;
+    r.waker_last_wakee_is_task = o.bool_or("waker_last_wakee_is_task", true)?;
+    r.waker_flip_decay_expired = o.bool_or("waker_flip_decay_expired", false)?;
+    r.waker_load = o.int_or("waker_load", 0, MAX_SIGNAL, 0)?;
+    r.waker_is_per_cpu_kthread = o.bool_or(
+        "waker_is_per_cpu_kthread",
+        st.cpus[this_cpu].curr_is_per_cpu_kthread,
+    )?;
+    Ok(r)
+}
+
+const MIGRATE_KEYS: [&str; 14] = [
+    "kind",
+    "src_cpu",
+    "dst_cpu",
+    "sd_level",
+    "dst_group",
+    "env_cpus",
+    "idle",
+    "migration_type",
+    "flags",
+    "nr_balance_failed",
+    "cache_nice_tries",
+    "throttled",
+    "dst_cfs_nr_queued",
+    "now",
+];
+
+fn migrate_cpus(v: &Value, topo: &Topology) -> Result<(usize, usize), FieldError> {
+    let o = Obj::new(v, "request", &MIGRATE_KEYS)?;
+    let n = topo.nr_cpus;
+    let src = o
+        .cpu("src_cpu", n)?
+        .ok_or_else(|| FieldError::new("request.src_cpu", "is required"))?;
+    let dst = o
+        .cpu("dst_cpu", n)?
+        .ok_or_else(|| FieldError::new("request.dst_cpu", "is required"))?;
+    for (k, c) in [("src_cpu", src), ("dst_cpu", dst)] {
+        if !topo.online.test(c) {
+            return Err(FieldError::new(o.field(k), format!("CPU {c} is offline")));
+        }
+    }
+    if src == dst {
+        return Err(FieldError::new(
+            "request.dst_cpu",
+            "must differ from src_cpu",
+        ));
+    }
+    Ok((src, dst))
+}
+
+fn parse_migrate_request(
+    v: &Value,
+    src: usize,
+    dst: usize,
+    topo: &Topology,
+    st: &NodeState,
+) -> Result<MigrateEnv, FieldError> {
+    let o = Obj::new(v, "request", &MIGRATE_KEYS)?;
+    let n = topo.nr_cpus;
+    let chain = topo.domains(dst);
+    let sd = match o.str("sd_level")? {
+        Some(name) => topo.domain_by_name(dst, name).ok_or_else(|| {
+            let names: Vec<String> = chain.iter().map(|d| d.level.to_string()).collect();
+            FieldError::new(
+                "request.sd_level",
+                format!(
+                    "{name:?} is not a domain of CPU {dst} (it has {})",
+                    names.join(", ")
+                ),
+            )
+        })?,
+        None => chain
+            .iter()
+            .position(|d| topo.span(d.span).test(src))
+            .ok_or_else(|| {
+                FieldError::new(
+                    "request.src_cpu",
+                    format!("no domain of CPU {dst} contains CPU {src}"),
+                )
+            })?,
+    };
+    let dom = &chain[sd];
+    let flags = match o.get("flags") {
+        None => lbf::ALL_PINNED,
+        Some(Value::Array(list)) => {
+            let mut f = 0;
+            for (i, x) in list.iter().enumerate() {
+                let field = format!("request.flags[{i}]");
+                let name = x
+                    .as_str()
+                    .ok_or_else(|| FieldError::new(&field, "must be a flag name"))?;
+                let bit = lbf::NAMES
+                    .iter()
+                    .find(|(_, nm)| *nm == name)
+                    .map(|(b, _)| *b)
+                    .ok_or_else(|| {
+                        FieldError::new(&field, format!("{name:?} is not a balance flag"))
+                    })?;
+                f |= bit;
+            }
+            f
+        }
+        Some(_) => {
+            return Err(FieldError::new(
+                "request.flags",
+                "must be a list of flag names",
+            ));
+        }
+    };
+    Ok(MigrateEnv {
+        src_cpu: src,
+        dst_cpu: dst,
+        sd,
+        dst_group: o
+            .cpulist("dst_group", n)?
+            .unwrap_or(*topo.span(dom.groups[0])),
+        env_cpus: o.cpulist("env_cpus", n)?.unwrap_or(*topo.span(dom.span)),
+        idle: o.choice(
+            "idle",
+            &[
+                ("idle", IdleType::Idle),
+                ("not_idle", IdleType::NotIdle),
+                ("newly_idle", IdleType::NewlyIdle),
+            ],
+            IdleType::Idle,
+        )?,
+        migration_type: o.choice(
+            "migration_type",
+            &[
+                ("load", MigrationType::Load),
+                ("util", MigrationType::Util),
+                ("task", MigrationType::Task),
+                ("misfit", MigrationType::Misfit),
+            ],
+            MigrationType::Load,
+        )?,
+        flags,
+        nr_balance_failed: o.int_or("nr_balance_failed", 0, u32::MAX as i64, 0)? as u32,
+        cache_nice_tries: o
+            .int("cache_nice_tries", 0, u32::MAX as i64)?
+            .map(|x| x as u32),
+        throttled: o.bool_or("throttled", false)?,
+        dst_cfs_nr_queued: o.int_or(
+            "dst_cfs_nr_queued",
+            0,
+            MAX_SIGNAL,
+            st.cpus[dst].cfs_h_nr_queued as i64,
+        )? as u32,
+        now: o.int_or("now", 0, MAX_CLOCK, 0)?,
+    })
+}
+
+/// Splits `decide`'s input into scenarios: one JSON object, a JSON array of
+/// them, or JSON Lines. Each item is the scenario or the error that made it
+/// unreadable.
+pub fn split_input(text: &str) -> Vec<Result<Value, FieldError>> {
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('[') {
+        return match serde_json::from_str::<Value>(text) {
+            Ok(Value::Array(items)) => items.into_iter().map(Ok).collect(),
+            Ok(_) => vec![Err(FieldError::new("input", "expected a JSON array"))],
+            Err(e) => vec![Err(FieldError::new(
+                "input",
+                format!("malformed JSON: {e}"),
+            ))],
+        };
+    }
+    // One object (possibly pretty-printed over many lines), or JSON Lines.
+    if let Ok(v) = serde_json::from_str::<Value>(text) {
+        return vec![Ok(v)];
+    }
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str::<Value>(l).map_err(|e| {
+                FieldError::new(format!("line {}", i + 1), format!("malformed JSON: {e}"))
+            })
+        })
+        .collect()
+}
