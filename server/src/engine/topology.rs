@@ -380,15 +380,26 @@ impl Topology {
     ) -> Result<Topology, FieldError> {
         spec.validate("topology")?;
         let n = spec.cpus.len();
+        let mut online = *online;
+        online.and_assign(&CpuMask::first_n(n));
         let mut b = Builder {
             spec,
-            n,
-            online: *online,
+            online,
             spans: Vec::new(),
             span_ids: HashMap::new(),
+            by_core: HashMap::new(),
+            by_cluster: HashMap::new(),
+            by_llc: HashMap::new(),
+            by_node: HashMap::new(),
         };
-        b.online.and_assign(&CpuMask::first_n(n));
-        let online = b.online;
+        for (i, c) in spec.cpus.iter().enumerate() {
+            b.by_core.entry(c.core).or_default().set(i);
+            if let Some(cl) = c.cluster {
+                b.by_cluster.entry(cl).or_default().set(i);
+            }
+            b.by_llc.entry(c.llc).or_default().set(i);
+            b.by_node.entry(c.node).or_default().set(i);
+        }
 
         let max_node = spec.cpus.iter().map(|c| c.node).max().unwrap_or(0);
         let mut node_cpus = vec![CpuMask::new(); max_node as usize + 1];
@@ -874,10 +885,13 @@ impl Topology {
 
 struct Builder<'a> {
     spec: &'a TopologySpec,
-    n: usize,
     online: CpuMask,
     spans: Vec<CpuMask>,
     span_ids: HashMap<CpuMask, SpanId>,
+    by_core: HashMap<u32, CpuMask>,
+    by_cluster: HashMap<u32, CpuMask>,
+    by_llc: HashMap<u32, CpuMask>,
+    by_node: HashMap<u32, CpuMask>,
 }
 
 impl Builder<'_> {
@@ -894,19 +908,21 @@ impl Builder<'_> {
     /// The span of `level` for CPU `c`, restricted to online CPUs.
     fn level_span(&self, level: Level, c: usize, distances: &[u32]) -> CpuMask {
         let me = &self.spec.cpus[c];
-        let mut m = CpuMask::new();
-        for (i, o) in self.spec.cpus.iter().enumerate().take(self.n) {
-            let inside = match level {
-                Level::Smt => o.core == me.core,
-                Level::Cls => o.cluster == me.cluster,
-                Level::Mc => o.llc == me.llc,
-                Level::Pkg | Level::Node => o.node == me.node,
-                Level::Numa(j) => self.spec.distance(me.node, o.node) <= distances[j as usize],
-            };
-            if inside {
-                m.set(i);
+        let m = match level {
+            Level::Smt => self.by_core[&me.core],
+            Level::Cls => self.by_cluster[&me.cluster.expect("CLS only with clusters")],
+            Level::Mc => self.by_llc[&me.llc],
+            Level::Pkg | Level::Node => self.by_node[&me.node],
+            Level::Numa(j) => {
+                let mut m = CpuMask::new();
+                for (&node, cpus) in &self.by_node {
+                    if self.spec.distance(me.node, node) <= distances[j as usize] {
+                        m.or_assign(cpus);
+                    }
+                }
+                m
             }
-        }
+        };
         m.and(&self.online)
     }
 }
