@@ -22,7 +22,7 @@ const MAX_CLOCK: i64 = 1 << 62;
 #[derive(Debug, Clone)]
 pub enum Request {
     Place(PlaceRequest),
-    Migrate(MigrateEnv),
+    Migrate(Box<MigrateEnv>),
 }
 
 /// A parsed, validated scenario: everything one decision needs.
@@ -316,10 +316,10 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
         ));
     }
     let name = top.str("name")?.map(str::to_string);
-    if let Some(g) = top.map.get("generator") {
-        if !g.is_object() {
-            return Err(FieldError::new("generator", "must be an object"));
-        }
+    if let Some(g) = top.map.get("generator")
+        && !g.is_object()
+    {
+        return Err(FieldError::new("generator", "must be an object"));
     }
 
     let features = parse_features(top.map.get("features"))?;
@@ -372,7 +372,7 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
             let (src, dst) = migrate_cpus(req_v, &topology)?;
             let task = parse_task(task_v, n, false, src)?;
             let env = parse_migrate_request(req_v, src, dst, &topology, &state)?;
-            (task, Request::Migrate(env))
+            (task, Request::Migrate(Box::new(env)))
         }
         other => {
             return Err(FieldError::new(
@@ -857,7 +857,11 @@ fn parse_migrate_request(
     let o = Obj::new(v, "request", &MIGRATE_KEYS)?;
     let n = topo.nr_cpus;
     let chain = topo.domains(dst);
-    let sd = match o.str("sd_level")? {
+    let sd_level = match o.map.get("sd_level") {
+        Some(Value::Null) => None,
+        _ => o.str("sd_level")?,
+    };
+    let sd = match sd_level {
         Some(name) => topo.domain_by_name(dst, name).ok_or_else(|| {
             let names: Vec<String> = chain.iter().map(|d| d.level.to_string()).collect();
             FieldError::new(

@@ -12,7 +12,9 @@ const PLACE_KEYS: [&str; 3] = ["cpu", "path", "scanned"];
 const MIGRATE_KEYS: [&str; 5] = ["allowed", "new_dst_cpu", "flags", "reason", "task_hot"];
 
 fn run_case_file(name: &str) -> usize {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/cases")
+        .join(name);
     let text = std::fs::read_to_string(&path).expect("case file");
     let cases: Vec<Value> = text
         .lines()
@@ -45,10 +47,10 @@ fn run_case_file(name: &str) -> usize {
         };
         for k in keys {
             // task_hot is informative in the format; compare it when given.
-            if let Some(e) = exp.get(*k) {
-                if got.get(*k) != Some(e) {
-                    failures.push(format!("{name}: {k} expected {e}, got {}", got[*k]));
-                }
+            if let Some(e) = exp.get(*k)
+                && got.get(*k) != Some(e)
+            {
+                failures.push(format!("{name}: {k} expected {e}, got {}", got[*k]));
             }
         }
         if let Some(Value::Object(d)) = exp.get("detail") {
@@ -69,7 +71,10 @@ fn run_case_file(name: &str) -> usize {
         cases.len(),
         failures.join("\n")
     );
-    assert!(out.status.success(), "decide exits 0 when every scenario is valid");
+    assert!(
+        out.status.success(),
+        "decide exits 0 when every scenario is valid"
+    );
     cases.len()
 }
 
@@ -87,14 +92,23 @@ fn decide_stdin(input: &str) -> (Vec<Value>, String, i32) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let lines = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    (lines, String::from_utf8(out.stderr).unwrap(), out.status.code().unwrap())
+    (
+        lines,
+        String::from_utf8(out.stderr).unwrap(),
+        out.status.code().unwrap(),
+    )
 }
 
 const ONE: &str = r#"{"topology": {"cpus": [{"id": 0, "core": 0, "llc": 0}, {"id": 1, "core": 1, "llc": 0}]},
@@ -122,7 +136,10 @@ fn decide_reads_an_object_an_array_and_json_lines() {
 #[test]
 fn decide_reports_invalid_scenarios_in_place_and_exits_nonzero() {
     let one_line = ONE.replace('\n', " ");
-    let bad = one_line.replace(r#""prev_cpu": 0"#, r#""prev_cpu": 0, "cpus_allowed": "0-300""#);
+    let bad = one_line.replace(
+        r#""prev_cpu": 0"#,
+        r#""prev_cpu": 0, "cpus_allowed": "0-300""#,
+    );
     let input = format!("{one_line}\n{bad}\n{{not json\n{one_line}\n");
     let (lines, stderr, code) = decide_stdin(&input);
     assert_eq!(code, 1);
@@ -132,7 +149,18 @@ fn decide_reports_invalid_scenarios_in_place_and_exits_nonzero() {
         lines[1]["error"],
         "task.cpus_allowed: CPU 300 is not in the topology"
     );
-    assert!(lines[2]["error"].as_str().unwrap().starts_with("line 3: malformed JSON"));
+    assert!(
+        lines[2]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("line 3: malformed JSON")
+    );
     assert_eq!(lines[3]["cpu"], 1);
     assert!(stderr.contains("scenario 2: task.cpus_allowed: CPU 300 is not in the topology"));
+}
+
+#[test]
+fn decide_agrees_with_the_hand_worked_cases() {
+    // Each case carries generator.why: the reasoning from the spec.
+    assert!(run_case_file("hand.jsonl") >= 60);
 }

@@ -32,10 +32,31 @@ struct Gen {
 
 fn machines() -> impl Strategy<Value = Gen> {
     (
-        (1u32..=2, 1u32..=3, 1u32..=6, prop::sample::select(vec![1u32, 2, 4, 8]), any::<bool>(), any::<bool>()),
+        (
+            1u32..=2,
+            1u32..=3,
+            1u32..=6,
+            prop::sample::select(vec![1u32, 2, 4, 8]),
+            any::<bool>(),
+            any::<bool>(),
+        ),
         prop::collection::vec((0u8..10, any::<u16>(), any::<bool>()), 384),
-        (0u8..3, any::<usize>(), any::<usize>(), any::<usize>(), (any::<usize>(), any::<usize>())),
-        (any::<bool>(), any::<bool>(), any::<bool>(), (0u32..64, 0u32..64), 0u16..1100, 0u16..1025, any::<u16>()),
+        (
+            0u8..3,
+            any::<usize>(),
+            any::<usize>(),
+            any::<usize>(),
+            (any::<usize>(), any::<usize>()),
+        ),
+        (
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            (0u32..64, 0u32..64),
+            0u16..1100,
+            0u16..1025,
+            any::<u16>(),
+        ),
     )
         .prop_map(|(m, cpu_seeds, r, t)| Gen {
             nodes: m.0,
@@ -98,8 +119,12 @@ impl Gen {
             let load = (v % 2048) as i64;
             let mut c = match kind {
                 0..=3 => json!({"id": i, "idle_exit_latency": (v % 4), "idle_stamp": v as i64}),
-                4 | 5 => json!({"id": i, "nr_running": 1 + v % 3, "load_avg": load, "util_avg": load / 2, "runnable_avg": load}),
-                6 => json!({"id": i, "nr_running": 1 + v % 2, "h_nr_idle": 1 + v % 2, "load_avg": load / 8}),
+                4 | 5 => {
+                    json!({"id": i, "nr_running": 1 + v % 3, "load_avg": load, "util_avg": load / 2, "runnable_avg": load})
+                }
+                6 => {
+                    json!({"id": i, "nr_running": 1 + v % 2, "h_nr_idle": 1 + v % 2, "load_avg": load / 8})
+                }
                 7 => json!({"id": i, "ttwu_pending": true}),
                 8 => json!({"id": i, "vcpu_preempted": flag}),
                 _ => json!({"id": i, "online": i == this || !flag}),
@@ -132,7 +157,7 @@ impl Gen {
                 "recent_used_cpu": self.recent % n,
                 "cpus_allowed": allowed,
                 "policy": if self.policy_idle { "idle" } else { "normal" },
-                "migration_disabled": self.migration_disabled && self.kind != 0 && self.util % 7 == 0,
+                "migration_disabled": self.migration_disabled && self.kind != 0 && self.util.is_multiple_of(7),
                 "util_avg": self.util,
                 "uclamp_min": self.uclamp_min,
                 "load_avg": self.util as i64 * 2,
@@ -200,11 +225,10 @@ proptest! {
         let llc = t.sd_llc(target).map_or(0, |d| d.weight);
         let smt = t.smt_siblings(s.task.prev_cpu).len() as u32;
         prop_assert!(p.scanned <= llc + smt, "scanned {} > llc {} + smt {}", p.scanned, llc, smt);
-        if p.detail.has_idle_core == Some(false) {
-            if let Some(nr) = p.detail.nr_idle_scan {
+        if p.detail.has_idle_core == Some(false)
+            && let Some(nr) = p.detail.nr_idle_scan {
                 prop_assert!(p.scanned <= nr + smt, "per-CPU mode spends at most the budget");
             }
-        }
     }
 
     #[test]

@@ -197,7 +197,9 @@ fn far_numa_levels_lose_fork_exec_balance_and_wake_affine() {
     assert_eq!(levels(&t, 0), ["MC", "NUMA1", "NUMA2"]);
     let d = t.domains(0);
     assert!(d[1].has(sd::WAKE_AFFINE) && d[1].has(sd::BALANCE_EXEC));
-    assert!(!d[2].has(sd::WAKE_AFFINE) && !d[2].has(sd::BALANCE_FORK) && !d[2].has(sd::BALANCE_EXEC));
+    assert!(
+        !d[2].has(sd::WAKE_AFFINE) && !d[2].has(sd::BALANCE_FORK) && !d[2].has(sd::BALANCE_EXEC)
+    );
     assert_eq!(*t.span(d[1].span), m("0-3"));
     // NUMA2's groups are the NUMA1 spans of the two pairs, local first.
     let groups: Vec<String> = d[2].groups.iter().map(|g| t.span(*g).to_string()).collect();
@@ -217,7 +219,10 @@ fn asymmetric_capacity_gets_asym_flags_and_its_own_shared_object() {
     assert!(mc.has(sd::ASYM_CPUCAPACITY) && mc.has(sd::ASYM_CPUCAPACITY_FULL));
     // The asym domain is the LLC domain: the LLC object overwrote the asym one.
     let asym = t.sd_asym(0).unwrap();
-    assert_eq!(t.shared[asym.shared.unwrap() as usize].kind, SharedKind::Llc);
+    assert_eq!(
+        t.shared[asym.shared.unwrap() as usize].kind,
+        SharedKind::Llc
+    );
 
     // Two LLCs (big cluster, little cluster) in one node: PKG is the
     // asym-full domain and owns an asym object distinct from the LLC ones.
@@ -304,7 +309,13 @@ fn inconsistent_topologies_are_rejected_naming_the_field() {
         },
         "topology.cpus[6].node",
     ); // LLC 1 across two nodes (and core 3 too: the LLC is seen first)
-    check(&|s| s.numa_distance = Some(vec![vec![10], vec![10]]), "topology.numa_distance");
-    check(&|s| s.numa_distance = Some(vec![vec![12]]), "topology.numa_distance[0][0]");
+    check(
+        &|s| s.numa_distance = Some(vec![vec![10], vec![10]]),
+        "topology.numa_distance",
+    );
+    check(
+        &|s| s.numa_distance = Some(vec![vec![12]]),
+        "topology.numa_distance[0][0]",
+    );
     check(&|s| s.cpus.clear(), "topology.cpus");
 }

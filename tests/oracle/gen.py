@@ -20,6 +20,7 @@ import os
 import random
 import sys
 
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import oracle  # noqa: E402  (used to learn domain names / object spans for hints)
 
@@ -66,6 +67,8 @@ def gen_topology(rng, force_clusters=False, force_smt=False):
     hi = max(lo, min(hi, max_cores // n_llc))
     if rng.random() < 0.07:
         base_cores = 1                  # LLC = one core (no_llc targets with SMT1)
+    elif size > 0.94:
+        base_cores = max_cores // n_llc  # the full 256 CPUs
     else:
         base_cores = rng.randint(lo, hi)
     cores_per_llc = []
@@ -718,6 +721,16 @@ def gen_one(rng, seed, index):
     feats = gen_features(rng)
     if kind == "exec" and rng.random() < 0.3:
         feats["EXEC_BOUND_FAST_PATH"] = False
+        if rng.random() < 0.3:
+            # nothing allowed in the balancing span: offline CPUs or another node only
+            this = req["this_cpu"]
+            tc = topo["cpus"]
+            off = [c for c in range(info["n"]) if not online[c]]
+            other = [e["id"] for e in tc if e.get("node", 0) != tc[this].get("node", 0)]
+            pick = off if (off and rng.random() < 0.6) or not other else other
+            if pick:
+                task["cpus_allowed"] = cpulist(rng.sample(pick, rng.randint(1, len(pick))))
+                task.pop("migration_disabled", None)
     if feats:
         sc["features"] = feats
     if system:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """fairplace oracle: an independent reference implementation, in Python, of the
-placement scenario format (shared/docs/scenario-format.md, version 1).
+placement scenario format (version 1).
 
 Reads scenarios (a file path, or "-" for stdin; one JSON object, a JSON array of
 objects, or JSON Lines) and prints one JSON line per scenario:
@@ -1858,6 +1858,9 @@ def main(argv):
     ap.add_argument("input", nargs="?", default="-", help="scenario file, or - for stdin")
     ap.add_argument("--tree", metavar="CPU|all", default=None,
                     help="print the domain tree of CPU (or all CPUs) to stderr")
+    ap.add_argument("--check", action="store_true",
+                    help="compare with each scenario's \"expected\" (the compared fields of "
+                         "section 9) and print a summary instead of the answers")
     args = ap.parse_args(argv)
     if args.input == "-":
         text = sys.stdin.read()
@@ -1866,14 +1869,36 @@ def main(argv):
             text = fh.read()
     bad = False
     out = sys.stdout
-    for obj, err in read_scenarios(text):
+    checked = matched = 0
+    for k, (obj, err) in enumerate(read_scenarios(text)):
         if err is not None:
             res = {"error": f"json: {err}"}
         else:
             res = decide(obj, args.tree)
         if "error" in res:
             bad = True
-        out.write(json.dumps(res) + "\n")
+        if not args.check:
+            out.write(json.dumps(res) + "\n")
+            continue
+        exp = obj.get("expected") if isinstance(obj, dict) else None
+        if exp is None:
+            continue
+        checked += 1
+        if "error" in exp or "error" in res:
+            keys = ["error"]
+        elif "cpu" in exp:
+            keys = ["cpu", "path", "scanned"]
+        else:
+            keys = ["allowed", "new_dst_cpu", "flags", "reason"]
+        if all(res.get(x) == exp.get(x) for x in keys):
+            matched += 1
+        else:
+            name = obj.get("name", f"#{k}")
+            out.write(f"MISMATCH {name}: expected {({x: exp.get(x) for x in keys})} "
+                      f"got {({x: res.get(x) for x in keys})}\n")
+    if args.check:
+        out.write(f"{matched}/{checked} match\n")
+        return 0 if matched == checked else 1
     return 1 if bad else 0
 
 

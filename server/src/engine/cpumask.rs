@@ -37,7 +37,7 @@ impl CpuMask {
         for w in 0..n / 64 {
             m.words[w] = !0;
         }
-        if n % 64 != 0 {
+        if !n.is_multiple_of(64) {
             m.words[n / 64] = (1u64 << (n % 64)) - 1;
         }
         m

@@ -69,13 +69,13 @@ impl Ctx<'_> {
         }
 
         // Asymmetric capacity: the capacity-aware scan replaces the LLC scan.
-        if topo.asym_active {
-            if let Some(sda) = topo.sd_asym(target) {
-                return match self.select_idle_capacity(sda, target) {
-                    Some(i) => (i, Path::Capacity),
-                    None => (target, Path::CapacityNone),
-                };
-            }
+        if topo.asym_active
+            && let Some(sda) = topo.sd_asym(target)
+        {
+            return match self.select_idle_capacity(sda, target) {
+                Some(i) => (i, Path::Capacity),
+                None => (target, Path::CapacityNone),
+            };
         }
 
         let Some(llc) = topo.sd_llc(target) else {
@@ -86,10 +86,11 @@ impl Ctx<'_> {
         if topo.smt_active {
             has_idle_core = self.test_idle_cores(target);
             self.detail.has_idle_core = Some(has_idle_core);
-            if !has_idle_core && topo.cpus_share_cache(prev, target) {
-                if let Some(i) = self.select_idle_smt(llc, prev) {
-                    return (i, Path::IdleSmt);
-                }
+            if !has_idle_core
+                && topo.cpus_share_cache(prev, target)
+                && let Some(i) = self.select_idle_smt(llc, prev)
+            {
+                return (i, Path::IdleSmt);
             }
         }
 

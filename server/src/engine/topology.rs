@@ -474,10 +474,10 @@ impl Topology {
                     }
                 }
                 // sd_init: do not spread across CPUs of different capacities.
-                if flags & sd::ASYM_CPUCAPACITY != 0 {
-                    if let Some(child) = chain.last_mut() {
-                        child.d.flags &= !sd::PREFER_SIBLING;
-                    }
+                if flags & sd::ASYM_CPUCAPACITY != 0
+                    && let Some(child) = chain.last_mut()
+                {
+                    child.d.flags &= !sd::PREFER_SIBLING;
                 }
                 let (imbalance_pct, cache_nice_tries) = if flags & sd::SHARE_CPUCAPACITY != 0 {
                     (110, 0)
@@ -486,10 +486,10 @@ impl Topology {
                 } else if flags & sd::NUMA != 0 {
                     flags &= !sd::PREFER_SIBLING;
                     flags |= sd::SERIALIZE;
-                    if let Level::Numa(j) = level {
-                        if distances[j as usize] > node_reclaim_distance {
-                            flags &= !(sd::BALANCE_EXEC | sd::BALANCE_FORK | sd::WAKE_AFFINE);
-                        }
+                    if let Level::Numa(j) = level
+                        && distances[j as usize] > node_reclaim_distance
+                    {
+                        flags &= !(sd::BALANCE_EXEC | sd::BALANCE_FORK | sd::WAKE_AFFINE);
                     }
                     (117, 2)
                 } else {
@@ -617,15 +617,13 @@ impl Topology {
         for c in online.iter() {
             let chain = &mut chains[c];
             let llc = spec.cpus[c].llc;
-            if asym_active {
-                if let Some(p) = chain
+            if asym_active
+                && let Some(p) = chain
                     .iter_mut()
                     .find(|p| p.d.has(sd::ASYM_CPUCAPACITY_FULL))
-                {
-                    if !p.d.has(sd::NUMA) {
-                        p.d.shared = Some(get_shared(SharedKind::Asym, p.d.span, llc));
-                    }
-                }
+                && !p.d.has(sd::NUMA)
+            {
+                p.d.shared = Some(get_shared(SharedKind::Asym, p.d.span, llc));
             }
             if let Some(p) = chain.iter_mut().rev().find(|p| p.d.has(sd::SHARE_LLC)) {
                 p.d.shared = Some(get_shared(SharedKind::Llc, p.d.span, llc));
@@ -744,9 +742,9 @@ impl Topology {
             }
         }
         let empty = b.intern(CpuMask::new());
-        for c in 0..n {
+        for (c, span) in smt_span.iter_mut().enumerate() {
             if !online.test(c) {
-                smt_span[c] = empty;
+                *span = empty;
             }
         }
 
