@@ -5,3 +5,6 @@
 pub mod decide;
 pub mod engine;
 pub mod scenario;
+pub mod store;
+pub mod metrics;
+pub mod service;

@@ -73,6 +73,50 @@ impl CpuState {
         }
     }
 
+    /// Checks the rules a runqueue's state must keep, given the CPU's
+    /// topology capacity. Returns the offending field and what is wrong.
+    pub fn check(&self, capacity_orig: u32) -> Result<(), (&'static str, String)> {
+        const MAX: i64 = (1 << 31) - 1;
+        if self.h_nr_idle > self.nr_running {
+            return Err((
+                "h_nr_idle",
+                format!("{} exceeds nr_running {}", self.h_nr_idle, self.nr_running),
+            ));
+        }
+        if self.nr_delayed > self.nr_running {
+            return Err((
+                "nr_delayed",
+                format!("{} exceeds nr_running {}", self.nr_delayed, self.nr_running),
+            ));
+        }
+        for (name, v) in [
+            ("load_avg", self.load_avg),
+            ("runnable_avg", self.runnable_avg),
+            ("util_avg", self.util_avg),
+            ("util_est", self.util_est),
+        ] {
+            if !(0..=MAX).contains(&v) {
+                return Err((name, format!("{v} is out of range 0..{MAX}")));
+            }
+        }
+        if self.capacity == 0 || self.capacity > capacity_orig {
+            return Err((
+                "capacity",
+                format!("{} is out of range 1..{capacity_orig}", self.capacity),
+            ));
+        }
+        if self.actual_capacity > capacity_orig {
+            return Err((
+                "actual_capacity",
+                format!("{} is out of range 0..{capacity_orig}", self.actual_capacity),
+            ));
+        }
+        if !(0..=(1i64 << 62)).contains(&self.idle_stamp) {
+            return Err(("idle_stamp", format!("{} is out of range 0..2^62", self.idle_stamp)));
+        }
+        Ok(())
+    }
+
     /// `idle_cpu()`.
     #[inline]
     pub fn idle_cpu(&self) -> bool {

@@ -73,7 +73,7 @@ impl fmt::Display for FieldError {
 impl std::error::Error for FieldError {}
 
 /// One CPU as the agent describes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CpuTopo {
     pub core: u32,
     pub cluster: Option<u32>,
@@ -84,7 +84,7 @@ pub struct CpuTopo {
 }
 
 /// A node's hardware: every CPU that exists, online or not, in id order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TopologySpec {
     pub cpus: Vec<CpuTopo>,
     /// Square matrix indexed by node id; `None` = 10 on the diagonal, 20 elsewhere.

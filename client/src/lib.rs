@@ -1,0 +1,1 @@
+//! fairplace client library.

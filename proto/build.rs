@@ -1,0 +1,24 @@
+use prost::Message;
+
+const PROTOS: [&str; 4] = [
+    "fairplace/v1/types.proto",
+    "fairplace/v1/agent.proto",
+    "fairplace/v1/placement.proto",
+    "fairplace/v1/admin.proto",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    for p in PROTOS {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(PROTOS, ["."])?;
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    // prost-build ignores file_descriptor_set_path with compile_fds: write it
+    // ourselves, for server reflection.
+    std::fs::write(out.join("fairplace_descriptor.bin"), fds.encode_to_vec())?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! AdminService: the registered nodes and the feature switches.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use fairplace_proto::v1 as pb;
+use fairplace_proto::v1::admin_service_server::AdminService;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use crate::engine::features::{FEATURE_NAMES, Features};
+use crate::store::{Node, Store};
+
+/// The authorization hook: every admin call passes through it with its
+/// method name and metadata. Replace it to plug in real authentication.
+pub trait Authorize: Send + Sync + 'static {
+    fn authorize(&self, method: &str, metadata: &MetadataMap) -> Result<(), Status>;
+}
+
+/// Reads are open; SetFeatures needs `authorization: Bearer <token>` when a
+/// token is configured.
+pub struct TokenAuth {
+    pub token: Option<String>,
+}
+
+impl Authorize for TokenAuth {
+    fn authorize(&self, method: &str, metadata: &MetadataMap) -> Result<(), Status> {
+        let Some(token) = &self.token else { return Ok(()) };
+        if method != "SetFeatures" {
+            return Ok(());
+        }
+        let want = format!("Bearer {token}");
+        match metadata.get("authorization").and_then(|v| v.to_str().ok()) {
+            Some(v) if v == want => Ok(()),
+            Some(_) => Err(Status::permission_denied("authorization: wrong token")),
+            None => Err(Status::unauthenticated("authorization: a bearer token is required")),
+        }
+    }
+}
+
+pub struct Admin {
+    pub store: Arc<Store>,
+    pub auth: Box<dyn Authorize>,
+}
+
+pub fn summary(store: &Store, n: &Node, now: Instant) -> pb::NodeSummary {
+    let s = n.snapshot();
+    let idle = s
+        .state
+        .cpus
+        .iter()
+        .filter(|c| c.online && c.available_idle())
+        .count();
+    pb::NodeSummary {
+        id: n.id.clone(),
+        labels: n.labels.iter().cloned().collect(),
+        cpus: s.topo.nr_cpus as u32,
+        online_cpus: s.topo.online.weight() as u32,
+        idle_cpus: idle as u32,
+        age_seconds: s.age(now).map_or(-1.0, |a| a.as_secs_f64()),
+        fresh: store.is_fresh(&s, now),
+        connected: n.connected.load(Ordering::SeqCst),
+        state_version: s.version,
+    }
+}
+
+fn features_pb(f: &Features, overridden: Vec<String>) -> pb::Features {
+    pb::Features {
+        features: FEATURE_NAMES
+            .iter()
+            .map(|n| (n.to_string(), f.get(n).unwrap_or(false)))
+            .collect(),
+        overridden,
+    }
+}
+
+impl Admin {
+    fn node(&self, id: &str) -> Result<Arc<Node>, Status> {
+        self.store
+            .get(id)
+            .ok_or_else(|| Status::not_found(format!("node_id: no node {id:?} is registered")))
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for Admin {
+    async fn list_nodes(&self, req: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+        self.auth.authorize("ListNodes", req.metadata())?;
+        let now = Instant::now();
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes: self.store.nodes().iter().map(|n| summary(&self.store, n, now)).collect(),
+        }))
+    }
+
+    async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::GetNodeResponse>, Status> {
+        self.auth.authorize("GetNode", req.metadata())?;
+        let n = self.node(&req.get_ref().node_id)?;
+        let s = n.snapshot();
+        Ok(Response::new(pb::GetNodeResponse {
+            summary: Some(summary(&self.store, &n, Instant::now())),
+            topology: Some(convert::topology_to_pb(&n.spec)),
+            cpus: s
+                .state
+                .cpus
+                .iter()
+                .enumerate()
+                .map(|(i, c)| convert::cpu_state_to_pb(i, c))
+                .collect(),
+            claims: s.claims.iter().copied().collect(),
+            agent_version: n.agent_version.clone(),
+            last_seq: n.last_seq(),
+        }))
+    }
+
+    async fn get_features(&self, req: Request<pb::GetFeaturesRequest>) -> Result<Response<pb::Features>, Status> {
+        self.auth.authorize("GetFeatures", req.metadata())?;
+        let id = &req.get_ref().node_id;
+        if id.is_empty() {
+            return Ok(Response::new(features_pb(&self.store.global_features(), vec![])));
+        }
+        let n = self.node(id)?;
+        let mut over: Vec<String> = self.store.overrides(&n).into_keys().collect();
+        over.sort();
+        Ok(Response::new(features_pb(&n.snapshot().features, over)))
+    }
+
+    async fn set_features(&self, req: Request<pb::SetFeaturesRequest>) -> Result<Response<pb::Features>, Status> {
+        self.auth.authorize("SetFeatures", req.metadata())?;
+        let r = req.into_inner();
+        let mut set: Vec<(String, bool)> = r.set.into_iter().collect();
+        set.sort();
+        let node = if r.node_id.is_empty() {
+            None
+        } else {
+            Some(self.node(&r.node_id)?)
+        };
+        self.store
+            .set_features(node.as_deref(), &set, r.clear_overrides)
+            .map_err(convert::invalid)?;
+        tracing::info!(node = %r.node_id, ?set, "features changed");
+        match node {
+            None => Ok(Response::new(features_pb(&self.store.global_features(), vec![]))),
+            Some(n) => {
+                let mut over: Vec<String> = self.store.overrides(&n).into_keys().collect();
+                over.sort();
+                Ok(Response::new(features_pb(&n.snapshot().features, over)))
+            }
+        }
+    }
+
+    async fn ping(&self, _: Request<pb::PingRequest>) -> Result<Response<pb::PingResponse>, Status> {
+        Ok(Response::new(pb::PingResponse {}))
+    }
+}

@@ -1,0 +1,164 @@
+//! AgentService.Report: one registration, then a stream of full snapshots and
+//! deltas, each answered with an Ack.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use fairplace_proto::v1 as pb;
+use fairplace_proto::v1::agent_message::Body;
+use fairplace_proto::v1::agent_service_server::AgentService;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert;
+use crate::metrics as m;
+use crate::store::{Reject, Store, Update};
+
+pub struct Agent {
+    pub store: Arc<Store>,
+}
+
+type AckStream = Pin<Box<dyn Stream<Item = Result<pb::Ack, Status>> + Send>>;
+
+fn rejected(reason: &'static str) {
+    metrics::counter!(m::REPORTS_REJECTED, "reason" => reason).increment(1);
+}
+
+#[tonic::async_trait]
+impl AgentService for Agent {
+    type ReportStream = AckStream;
+
+    async fn report(&self, req: Request<Streaming<pb::AgentMessage>>) -> Result<Response<AckStream>, Status> {
+        let mut inbound = req.into_inner();
+        let store = Arc::clone(&self.store);
+        let (tx, rx) = mpsc::channel(32);
+        tokio::spawn(async move {
+            let first = match inbound.message().await {
+                Ok(Some(m)) => m,
+                _ => return,
+            };
+            let Some(Body::Register(reg)) = first.body else {
+                rejected("not_registered");
+                let _ = tx
+                    .send(Err(Status::invalid_argument("body: the first message must be a Register")))
+                    .await;
+                return;
+            };
+            let registered = convert::topology_spec(reg.topology.as_ref(), "register.topology").and_then(|spec| {
+                let mut labels: Vec<(String, String)> = reg.labels.into_iter().collect();
+                labels.sort();
+                store.register(&reg.node_id, labels, reg.agent_version, spec)
+            });
+            let (node, generation) = match registered {
+                Ok(x) => x,
+                Err(e) => {
+                    rejected("invalid");
+                    let _ = tx.send(Err(convert::invalid(e))).await;
+                    return;
+                }
+            };
+            tracing::info!(node = %node.id, cpus = node.spec.cpus.len(), "agent registered");
+            if tx
+                .send(Ok(pb::Ack {
+                    applied_seq: 0,
+                    rejection: None,
+                    resync_required: true,
+                }))
+                .await
+                .is_err()
+            {
+                store.disconnect(&node, generation);
+                return;
+            }
+            while let Ok(Some(msg)) = inbound.message().await {
+                let ack = match msg.body {
+                    Some(Body::Update(u)) => {
+                        if !u.node_id.is_empty() && u.node_id != node.id {
+                            rejected("wrong_node");
+                            let _ = tx
+                                .send(Err(Status::invalid_argument(format!(
+                                    "update.node_id: {:?} is not the node this stream registered ({:?})",
+                                    u.node_id, node.id
+                                ))))
+                                .await;
+                            break;
+                        }
+                        let t0 = Instant::now();
+                        let update = Update {
+                            seq: u.seq,
+                            full: u.full,
+                            cpus: u
+                                .cpus
+                                .iter()
+                                .map(|c| {
+                                    let cap = node.spec.cpus.get(c.id as usize).map_or(1024, |t| t.capacity);
+                                    (c.id, convert::cpu_state(c, cap))
+                                })
+                                .collect(),
+                        };
+                        match store.apply(&node, generation, &update, t0) {
+                            Ok(_) => {
+                                let kind = if u.full { "full" } else { "delta" };
+                                metrics::counter!(m::REPORTS_APPLIED, "kind" => kind).increment(1);
+                                metrics::counter!(m::CPU_UPDATES).increment(u.cpus.len() as u64);
+                                metrics::histogram!(m::REPORT_APPLY_DURATION).record(t0.elapsed().as_secs_f64());
+                                pb::Ack {
+                                    applied_seq: u.seq,
+                                    rejection: None,
+                                    resync_required: false,
+                                }
+                            }
+                            Err(Reject::Superseded) => {
+                                rejected("superseded");
+                                let _ = tx
+                                    .send(Err(Status::aborted(Reject::Superseded.to_string())))
+                                    .await;
+                                break;
+                            }
+                            Err(r) => {
+                                rejected(r.reason());
+                                pb::Ack {
+                                    applied_seq: node.last_seq(),
+                                    resync_required: matches!(r, Reject::OutOfSequence { .. }),
+                                    rejection: Some(pb::Rejection {
+                                        reason: r.reason().to_string(),
+                                        message: r.to_string(),
+                                    }),
+                                }
+                            }
+                        }
+                    }
+                    Some(Body::Register(_)) => {
+                        rejected("invalid");
+                        let _ = tx
+                            .send(Err(Status::invalid_argument(
+                                "body: already registered; a topology change is a new registration on a new stream",
+                            )))
+                            .await;
+                        break;
+                    }
+                    None => {
+                        rejected("invalid");
+                        pb::Ack {
+                            applied_seq: node.last_seq(),
+                            resync_required: false,
+                            rejection: Some(pb::Rejection {
+                                reason: "invalid".into(),
+                                message: "body: empty message".into(),
+                            }),
+                        }
+                    }
+                };
+                if tx.send(Ok(ack)).await.is_err() {
+                    break;
+                }
+            }
+            store.disconnect(&node, generation);
+            tracing::info!(node = %node.id, "agent stream ended");
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

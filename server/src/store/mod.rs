@@ -1,0 +1,638 @@
+//! The state store: every node's latest state, as an immutable snapshot that
+//! is swapped atomically.
+//!
+//! Readers (PickCpu, CanMigrate, the admin calls) load the current snapshot
+//! with one atomic pointer read and decide on it without any lock, so a
+//! decision never waits behind a writer and never sees half an update.
+//! Writers (agent reports, claims, feature changes, claim expiry) serialise
+//! per node on a small mutex, build the next snapshot beside the current one
+//! and publish it. Claims are written optimistically: decide on snapshot v,
+//! then commit the claim only if v is still current, else decide again.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+
+use crate::engine::cpumask::CpuMask;
+use crate::engine::features::{Features, System};
+use crate::engine::state::{CpuState, NodeState};
+use crate::engine::topology::{FieldError, Topology, TopologySpec};
+
+/// Tunables of the store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// A node with no report for this long is stale: PickCpu refuses it.
+    pub stale_after: Duration,
+    /// How long a claim counts when no report supersedes it.
+    pub claim_ttl: Duration,
+    /// A stale node is forgotten after this long without a report.
+    pub forget_after: Duration,
+    pub system: System,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            stale_after: Duration::from_secs(10),
+            claim_ttl: Duration::from_millis(500),
+            forget_after: Duration::from_secs(600),
+            system: System::default(),
+        }
+    }
+}
+
+/// One immutable version of a node's state.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub version: u64,
+    pub topo: Arc<Topology>,
+    pub state: NodeState,
+    /// The features in force for this node (global plus its overrides).
+    pub features: Features,
+    /// When the agent report behind this state was applied; `None` before the
+    /// first full snapshot.
+    pub reported_at: Option<Instant>,
+    /// Claims outstanding per CPU, included in `state`.
+    pub claims: Vec<(u32, u32)>,
+}
+
+impl Snapshot {
+    /// Time since the report behind this state; `None` if there was none.
+    pub fn age(&self, now: Instant) -> Option<Duration> {
+        self.reported_at.map(|t| now.saturating_duration_since(t))
+    }
+}
+
+/// The claims outstanding on one CPU.
+#[derive(Debug, Clone, Default)]
+struct ClaimSlot {
+    expires: Vec<Instant>,
+}
+
+/// What only writers touch, under the node's mutex.
+#[derive(Debug)]
+struct Writer {
+    /// The agent's state of every CPU, before claims.
+    reported: Vec<CpuState>,
+    claims: HashMap<u32, ClaimSlot>,
+    last_seq: u64,
+    /// Deltas are refused until a full snapshot arrives.
+    needs_full: bool,
+    overrides: HashMap<String, bool>,
+}
+
+/// A registered node.
+pub struct Node {
+    pub id: String,
+    pub labels: Vec<(String, String)>,
+    pub agent_version: String,
+    pub spec: Arc<TopologySpec>,
+    snap: ArcSwap<Snapshot>,
+    writer: Mutex<Writer>,
+    /// The registration (stream) that may write; a newer one supersedes it.
+    pub generation: AtomicU64,
+    pub connected: AtomicBool,
+}
+
+impl Node {
+    /// The current snapshot: one atomic load, no lock.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snap.load_full()
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        self.writer.lock().expect("writer lock").last_seq
+    }
+}
+
+/// Why an update was refused; the stored state is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reject {
+    /// A delta whose sequence does not follow the last applied one, or a delta
+    /// before the first full snapshot.
+    OutOfSequence { expected: u64, got: u64 },
+    Invalid(FieldError),
+    /// Another registration took over this node.
+    Superseded,
+}
+
+impl Reject {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Reject::OutOfSequence { .. } => "out_of_sequence",
+            Reject::Invalid(_) => "invalid",
+            Reject::Superseded => "superseded",
+        }
+    }
+}
+
+impl std::fmt::Display for Reject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reject::OutOfSequence { expected, got } => write!(
+                f,
+                "update.seq: {got} does not follow the last applied sequence (expected {expected}, or a full snapshot)"
+            ),
+            Reject::Invalid(e) => write!(f, "{e}"),
+            Reject::Superseded => f.write_str("node_id: a newer registration took over this node"),
+        }
+    }
+}
+
+/// An update from an agent: complete states of some or all CPUs.
+#[derive(Debug, Clone)]
+pub struct Update {
+    pub seq: u64,
+    pub full: bool,
+    pub cpus: Vec<(u32, CpuState)>,
+}
+
+/// Every node's state.
+pub struct Store {
+    nodes: DashMap<String, Arc<Node>>,
+    /// Nodes of the same machine type share one built domain tree.
+    topo_cache: Mutex<HashMap<(Arc<TopologySpec>, CpuMask), Weak<Topology>>>,
+    specs: Mutex<HashMap<TopologySpec, Weak<TopologySpec>>>,
+    global: ArcSwap<Features>,
+    next_generation: AtomicU64,
+    pub config: StoreConfig,
+}
+
+impl Store {
+    pub fn new(config: StoreConfig) -> Self {
+        Self {
+            nodes: DashMap::new(),
+            topo_cache: Mutex::new(HashMap::new()),
+            specs: Mutex::new(HashMap::new()),
+            global: ArcSwap::from_pointee(Features::default()),
+            next_generation: AtomicU64::new(1),
+            config,
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Node>> {
+        self.nodes.get(id).map(|n| Arc::clone(n.value()))
+    }
+
+    pub fn nodes(&self) -> Vec<Arc<Node>> {
+        let mut v: Vec<Arc<Node>> = self.nodes.iter().map(|n| Arc::clone(n.value())).collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn intern_spec(&self, spec: TopologySpec) -> Arc<TopologySpec> {
+        let mut specs = self.specs.lock().expect("spec cache");
+        if let Some(s) = specs.get(&spec).and_then(Weak::upgrade) {
+            return s;
+        }
+        specs.retain(|_, w| w.strong_count() > 0);
+        let s = Arc::new(spec.clone());
+        specs.insert(spec, Arc::downgrade(&s));
+        s
+    }
+
+    /// The domain tree of `spec` with these CPUs online, shared by every
+    /// node of the same machine type.
+    fn topology(&self, spec: &Arc<TopologySpec>, online: &CpuMask) -> Result<Arc<Topology>, FieldError> {
+        let key = (Arc::clone(spec), *online);
+        let mut cache = self.topo_cache.lock().expect("topology cache");
+        if let Some(t) = cache.get(&key).and_then(Weak::upgrade) {
+            return Ok(t);
+        }
+        let t = Arc::new(Topology::build(spec, online, self.config.system.node_reclaim_distance)?);
+        cache.retain(|_, w| w.strong_count() > 0);
+        cache.insert(key, Arc::downgrade(&t));
+        Ok(t)
+    }
+
+    /// Registers (or re-registers) a node. The same topology keeps the stored
+    /// state, which a full snapshot must then refresh; a new topology starts
+    /// over. Returns the node and the registration's generation.
+    pub fn register(
+        &self,
+        id: &str,
+        labels: Vec<(String, String)>,
+        agent_version: String,
+        spec: TopologySpec,
+    ) -> Result<(Arc<Node>, u64), FieldError> {
+        if id.is_empty() {
+            return Err(FieldError::new("register.node_id", "must not be empty"));
+        }
+        spec.validate("register.topology")?;
+        let spec = self.intern_spec(spec);
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        if let Some(old) = self.get(id) {
+            if *old.spec == *spec && old.labels == labels && old.agent_version == agent_version {
+                old.generation.store(generation, Ordering::SeqCst);
+                old.connected.store(true, Ordering::SeqCst);
+                old.writer.lock().expect("writer lock").needs_full = true;
+                return Ok((old, generation));
+            }
+        }
+        let n = spec.cpus.len();
+        let online = CpuMask::first_n(n);
+        let topo = self.topology(&spec, &online)?;
+        let reported: Vec<CpuState> = spec.cpus.iter().map(|c| CpuState::idle(c.capacity)).collect();
+        let features = **self.global.load();
+        let state = NodeState::new(&topo, reported.clone(), &[], &features);
+        let node = Arc::new(Node {
+            id: id.to_string(),
+            labels,
+            agent_version,
+            spec,
+            snap: ArcSwap::from_pointee(Snapshot {
+                version: 1,
+                topo,
+                state,
+                features,
+                reported_at: None,
+                claims: Vec::new(),
+            }),
+            writer: Mutex::new(Writer {
+                reported,
+                claims: HashMap::new(),
+                last_seq: 0,
+                needs_full: true,
+                overrides: HashMap::new(),
+            }),
+            generation: AtomicU64::new(generation),
+            connected: AtomicBool::new(true),
+        });
+        self.nodes.insert(id.to_string(), Arc::clone(&node));
+        Ok((node, generation))
+    }
+
+    /// Validates and applies one update atomically. A rejected update leaves
+    /// the node exactly as it was.
+    pub fn apply(&self, node: &Node, generation: u64, u: &Update, now: Instant) -> Result<u64, Reject> {
+        let mut w = node.writer.lock().expect("writer lock");
+        if node.generation.load(Ordering::SeqCst) != generation {
+            return Err(Reject::Superseded);
+        }
+        if !u.full && (w.needs_full || u.seq != w.last_seq + 1) {
+            return Err(Reject::OutOfSequence {
+                expected: w.last_seq + 1,
+                got: u.seq,
+            });
+        }
+        let n = node.spec.cpus.len();
+        let mut seen = CpuMask::new();
+        for (k, (id, c)) in u.cpus.iter().enumerate() {
+            let field = |f: &str| format!("update.cpus[{k}].{f}");
+            let id = *id as usize;
+            if id >= n {
+                return Err(Reject::Invalid(FieldError::new(
+                    field("id"),
+                    format!("CPU {id} is not in the topology ({n} CPUs)"),
+                )));
+            }
+            if seen.test(id) {
+                return Err(Reject::Invalid(FieldError::new(field("id"), format!("CPU {id} is listed twice"))));
+            }
+            seen.set(id);
+            c.check(node.spec.cpus[id].capacity)
+                .map_err(|(f, msg)| Reject::Invalid(FieldError::new(field(f), msg)))?;
+        }
+        if u.full && seen.weight() != n {
+            let missing = CpuMask::first_n(n).andnot(&seen);
+            return Err(Reject::Invalid(FieldError::new(
+                "update.cpus",
+                format!("a full snapshot must list every CPU; missing {missing}"),
+            )));
+        }
+        // The online set after the update, without touching the stored state.
+        let mut online = CpuMask::new();
+        for (i, c) in w.reported.iter().enumerate() {
+            if c.online && !seen.test(i) {
+                online.set(i);
+            }
+        }
+        for (id, c) in &u.cpus {
+            if c.online {
+                online.set(*id as usize);
+            }
+        }
+        if online.is_empty() {
+            return Err(Reject::Invalid(FieldError::new("update.cpus", "no CPU would be online")));
+        }
+        let cur = node.snapshot();
+        let topo = if cur.topo.online == online {
+            Arc::clone(&cur.topo)
+        } else {
+            self.topology(&node.spec, &online).map_err(Reject::Invalid)?
+        };
+        // A report of a CPU supersedes the claims on it.
+        for (id, _) in &u.cpus {
+            w.claims.remove(id);
+        }
+        for (id, c) in &u.cpus {
+            w.reported[*id as usize] = *c;
+        }
+        w.last_seq = u.seq;
+        w.needs_full = false;
+        let v = self.publish(node, &w, topo, cur.features, Some(now), &cur);
+        Ok(v)
+    }
+
+    /// Builds and publishes the next snapshot from the writer's state.
+    fn publish(
+        &self,
+        node: &Node,
+        w: &Writer,
+        topo: Arc<Topology>,
+        features: Features,
+        reported_at: Option<Instant>,
+        cur: &Snapshot,
+    ) -> u64 {
+        let mut cpus = w.reported.clone();
+        let mut claims: Vec<(u32, u32)> = Vec::with_capacity(w.claims.len());
+        for (&cpu, slot) in &w.claims {
+            let c = &mut cpus[cpu as usize];
+            let k = slot.expires.len() as u32;
+            c.nr_running += k;
+            c.cfs_h_nr_queued += k;
+            c.curr_is_idle = false;
+            claims.push((cpu, k));
+        }
+        claims.sort_unstable();
+        let state = NodeState::new(&topo, cpus, &[], &features);
+        let version = cur.version + 1;
+        node.snap.store(Arc::new(Snapshot {
+            version,
+            topo,
+            state,
+            features,
+            reported_at: reported_at.or(cur.reported_at),
+            claims,
+        }));
+        version
+    }
+
+    /// Commits a claim on `cpu` if the node is still at `version`; returns
+    /// false if another writer got there first (decide again).
+    pub fn try_claim(&self, node: &Node, version: u64, cpu: usize, now: Instant) -> bool {
+        let mut w = node.writer.lock().expect("writer lock");
+        let cur = node.snapshot();
+        if cur.version != version {
+            return false;
+        }
+        w.claims
+            .entry(cpu as u32)
+            .or_default()
+            .expires
+            .push(now + self.config.claim_ttl);
+        let topo = Arc::clone(&cur.topo);
+        self.publish(node, &w, topo, cur.features, None, &cur);
+        true
+    }
+
+    /// Drops claims whose TTL ended; returns how many expired.
+    pub fn expire_claims(&self, now: Instant) -> usize {
+        let mut expired = 0;
+        for node in self.nodes() {
+            let mut w = node.writer.lock().expect("writer lock");
+            if w.claims.is_empty() {
+                continue;
+            }
+            let before: usize = w.claims.values().map(|s| s.expires.len()).sum();
+            for slot in w.claims.values_mut() {
+                slot.expires.retain(|&t| t > now);
+            }
+            w.claims.retain(|_, s| !s.expires.is_empty());
+            let after: usize = w.claims.values().map(|s| s.expires.len()).sum();
+            if after != before {
+                expired += before - after;
+                let cur = node.snapshot();
+                let topo = Arc::clone(&cur.topo);
+                self.publish(&node, &w, topo, cur.features, None, &cur);
+            }
+        }
+        expired
+    }
+
+    /// Claims outstanding across all nodes.
+    pub fn claims_outstanding(&self) -> usize {
+        self.nodes()
+            .iter()
+            .map(|n| n.snapshot().claims.iter().map(|(_, k)| *k as usize).sum::<usize>())
+            .sum()
+    }
+
+    pub fn is_fresh(&self, snap: &Snapshot, now: Instant) -> bool {
+        snap.age(now).is_some_and(|a| a <= self.config.stale_after)
+    }
+
+    /// Forgets nodes that have not reported for `forget_after`.
+    pub fn forget_stale(&self, now: Instant) -> usize {
+        let limit = self.config.forget_after;
+        let before = self.nodes.len();
+        self.nodes.retain(|_, n| {
+            let s = n.snapshot();
+            n.connected.load(Ordering::SeqCst) || s.age(now).is_none_or(|a| a <= limit)
+        });
+        before - self.nodes.len()
+    }
+
+    pub fn disconnect(&self, node: &Node, generation: u64) {
+        if node.generation.load(Ordering::SeqCst) == generation {
+            node.connected.store(false, Ordering::SeqCst);
+        }
+    }
+
+    pub fn global_features(&self) -> Features {
+        **self.global.load()
+    }
+
+    /// The node's overrides of the global features.
+    pub fn overrides(&self, node: &Node) -> HashMap<String, bool> {
+        node.writer.lock().expect("writer lock").overrides.clone()
+    }
+
+    /// Sets global features (`node = None`) or a node's overrides, and
+    /// republishes the affected snapshots with the new effective features.
+    pub fn set_features(
+        &self,
+        node: Option<&Node>,
+        set: &[(String, bool)],
+        clear_overrides: bool,
+    ) -> Result<(), FieldError> {
+        let mut check = Features::default();
+        for (k, v) in set {
+            if !check.set(k, *v) {
+                return Err(FieldError::new(format!("set.{k}"), "unknown feature"));
+            }
+        }
+        match node {
+            None => {
+                let mut g = self.global_features();
+                for (k, v) in set {
+                    g.set(k, *v);
+                }
+                self.global.store(Arc::new(g));
+                for n in self.nodes() {
+                    self.refresh_features(&n, None, false);
+                }
+            }
+            Some(n) => self.refresh_features(n, Some(set), clear_overrides),
+        }
+        Ok(())
+    }
+
+    fn refresh_features(&self, node: &Node, set: Option<&[(String, bool)]>, clear: bool) {
+        let mut w = node.writer.lock().expect("writer lock");
+        if clear {
+            w.overrides.clear();
+        }
+        if let Some(set) = set {
+            for (k, v) in set {
+                w.overrides.insert(k.clone(), *v);
+            }
+        }
+        let mut f = self.global_features();
+        for (k, v) in &w.overrides {
+            f.set(k, *v);
+        }
+        let cur = node.snapshot();
+        let topo = Arc::clone(&cur.topo);
+        self.publish(node, &w, topo, f, None, &cur);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::topology::CpuTopo;
+
+    fn spec(n: u32) -> TopologySpec {
+        TopologySpec {
+            cpus: (0..n)
+                .map(|i| CpuTopo {
+                    core: i / 2,
+                    cluster: None,
+                    llc: 0,
+                    node: 0,
+                    capacity: 1024,
+                })
+                .collect(),
+            numa_distance: None,
+        }
+    }
+
+    fn full(n: u32, seq: u64, busy: &[u32]) -> Update {
+        Update {
+            seq,
+            full: true,
+            cpus: (0..n)
+                .map(|i| {
+                    let mut c = CpuState::idle(1024);
+                    if busy.contains(&i) {
+                        c.nr_running = 1;
+                        c.curr_is_idle = false;
+                    }
+                    (i, c)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn deltas_must_follow_a_full_snapshot_in_sequence() {
+        let s = Store::new(StoreConfig::default());
+        let (n, g) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
+        let now = Instant::now();
+        let delta = |seq| Update {
+            seq,
+            full: false,
+            cpus: vec![(1, CpuState::idle(1024))],
+        };
+        assert!(matches!(s.apply(&n, g, &delta(1), now), Err(Reject::OutOfSequence { .. })));
+        assert_eq!(s.apply(&n, g, &full(4, 7, &[0]), now), Ok(2));
+        assert!(matches!(s.apply(&n, g, &delta(9), now), Err(Reject::OutOfSequence { expected: 8, got: 9 })));
+        assert!(s.apply(&n, g, &delta(8), now).is_ok());
+        assert_eq!(n.last_seq(), 8);
+    }
+
+    #[test]
+    fn a_rejected_update_leaves_the_state_unchanged() {
+        let s = Store::new(StoreConfig::default());
+        let (n, g) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
+        let now = Instant::now();
+        s.apply(&n, g, &full(4, 1, &[2]), now).unwrap();
+        let before = n.snapshot();
+        let mut bad = CpuState::idle(1024);
+        bad.h_nr_idle = 3;
+        let u = Update {
+            seq: 2,
+            full: false,
+            cpus: vec![(0, CpuState::idle(1024)), (3, bad)],
+        };
+        match s.apply(&n, g, &u, now) {
+            Err(Reject::Invalid(e)) => assert_eq!(e.field, "update.cpus[1].h_nr_idle"),
+            other => panic!("{other:?}"),
+        }
+        let after = n.snapshot();
+        assert_eq!(before.version, after.version);
+        assert_eq!(before.state.cpus, after.state.cpus);
+        // A full snapshot that misses a CPU is refused too.
+        let mut u = full(4, 2, &[]);
+        u.cpus.pop();
+        assert!(matches!(s.apply(&n, g, &u, now), Err(Reject::Invalid(_))));
+        assert_eq!(n.last_seq(), 1);
+    }
+
+    #[test]
+    fn claims_count_until_a_report_or_the_ttl() {
+        let s = Store::new(StoreConfig::default());
+        let (n, g) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
+        let now = Instant::now();
+        s.apply(&n, g, &full(4, 1, &[]), now).unwrap();
+        let v = n.snapshot().version;
+        assert!(s.try_claim(&n, v, 2, now));
+        assert!(!s.try_claim(&n, v, 3, now), "a stale version must decide again");
+        let snap = n.snapshot();
+        assert_eq!(snap.state.cpus[2].nr_running, 1);
+        assert!(!snap.state.cpus[2].idle_cpu());
+        assert_eq!(snap.claims, vec![(2, 1)]);
+        // A report of another CPU keeps the claim; a report of CPU 2 ends it.
+        s.apply(&n, g, &Update { seq: 2, full: false, cpus: vec![(1, CpuState::idle(1024))] }, now).unwrap();
+        assert_eq!(n.snapshot().state.cpus[2].nr_running, 1);
+        s.apply(&n, g, &Update { seq: 3, full: false, cpus: vec![(2, CpuState::idle(1024))] }, now).unwrap();
+        assert_eq!(n.snapshot().state.cpus[2].nr_running, 0);
+        // Expiry.
+        let v = n.snapshot().version;
+        assert!(s.try_claim(&n, v, 0, now));
+        assert_eq!(s.expire_claims(now), 0);
+        assert_eq!(s.expire_claims(now + Duration::from_secs(1)), 1);
+        assert!(n.snapshot().state.cpus[0].idle_cpu());
+    }
+
+    #[test]
+    fn nodes_of_one_machine_type_share_the_domain_tree() {
+        let s = Store::new(StoreConfig::default());
+        let (a, _) = s.register("a", vec![], "t".into(), spec(8)).unwrap();
+        let (b, _) = s.register("b", vec![], "t".into(), spec(8)).unwrap();
+        assert!(Arc::ptr_eq(&a.snapshot().topo, &b.snapshot().topo));
+    }
+
+    #[test]
+    fn a_new_registration_supersedes_the_old_stream() {
+        let s = Store::new(StoreConfig::default());
+        let (n, g1) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
+        let (_, g2) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
+        let now = Instant::now();
+        assert_eq!(s.apply(&n, g1, &full(4, 1, &[]), now), Err(Reject::Superseded));
+        assert!(s.apply(&n, g2, &full(4, 1, &[]), now).is_ok());
+    }
+}
