@@ -1,1 +1,174 @@
-//! fairplace client library.
+//! The fairplace client library for orchestrators: connect, then ask for
+//! placements and migration checks, with a deadline on every call and
+//! retries while the server is UNAVAILABLE.
+
+pub mod agent;
+pub mod table;
+
+use std::time::Duration;
+
+pub use fairplace_proto::v1 as pb;
+use pb::admin_service_client::AdminServiceClient;
+use pb::placement_service_client::PlacementServiceClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+/// A connection to a fairplace server.
+#[derive(Clone)]
+pub struct Client {
+    placement: PlacementServiceClient<Channel>,
+    admin: AdminServiceClient<Channel>,
+    /// Per-attempt deadline.
+    pub deadline: Duration,
+    /// Attempts for a call that fails with UNAVAILABLE.
+    pub attempts: u32,
+    token: Option<String>,
+}
+
+impl Client {
+    /// Connects to `addr` (`http://host:port` or `host:port`).
+    pub async fn connect(addr: &str) -> Result<Client, tonic::transport::Error> {
+        let uri = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        let channel = Endpoint::from_shared(uri)?
+            .connect_timeout(Duration::from_secs(3))
+            .tcp_nodelay(true)
+            .connect()
+            .await?;
+        Ok(Self::from_channel(channel))
+    }
+
+    pub fn from_channel(channel: Channel) -> Client {
+        Client {
+            placement: PlacementServiceClient::new(channel.clone()),
+            admin: AdminServiceClient::new(channel),
+            deadline: Duration::from_secs(2),
+            attempts: 4,
+            token: None,
+        }
+    }
+
+    /// Sends `authorization: Bearer TOKEN` with admin calls.
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+
+    fn request<T>(&self, msg: T) -> Request<T> {
+        let mut r = Request::new(msg);
+        r.set_timeout(self.deadline);
+        if let Some(t) = &self.token
+            && let Ok(v) = format!("Bearer {t}").parse()
+        {
+            r.metadata_mut().insert("authorization", v);
+        }
+        r
+    }
+
+    /// Runs `call` until it succeeds, fails with something other than
+    /// UNAVAILABLE, or runs out of attempts (backing off 20 ms, 40 ms, ...).
+    async fn retry<T, F, Fut>(&self, mut call: F) -> Result<T, Status>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let mut backoff = Duration::from_millis(20);
+        let mut left = self.attempts.max(1);
+        loop {
+            match call().await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) if s.code() == Code::Unavailable && left > 1 => {
+                    left -= 1;
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                }
+                Err(s) => return Err(s),
+            }
+        }
+    }
+
+    pub async fn pick_cpu(&self, req: pb::PickCpuRequest) -> Result<pb::PickCpuResponse, Status> {
+        self.retry(|| {
+            let mut c = self.placement.clone();
+            let r = self.request(req.clone());
+            async move { c.pick_cpu(r).await }
+        })
+        .await
+    }
+
+    pub async fn can_migrate(
+        &self,
+        req: pb::CanMigrateRequest,
+    ) -> Result<pb::CanMigrateResponse, Status> {
+        self.retry(|| {
+            let mut c = self.placement.clone();
+            let r = self.request(req.clone());
+            async move { c.can_migrate(r).await }
+        })
+        .await
+    }
+
+    /// A whole scenario (JSON) in, the decision (JSON) out.
+    pub async fn decide(&self, scenario_json: &str) -> Result<String, Status> {
+        let req = pb::DecideRequest {
+            scenario_json: scenario_json.to_string(),
+        };
+        self.retry(|| {
+            let mut c = self.placement.clone();
+            let r = self.request(req.clone());
+            async move { c.decide(r).await }
+        })
+        .await
+        .map(|r| r.answer_json)
+    }
+
+    pub async fn list_nodes(&self) -> Result<Vec<pb::NodeSummary>, Status> {
+        self.retry(|| {
+            let mut c = self.admin.clone();
+            let r = self.request(pb::ListNodesRequest {});
+            async move { c.list_nodes(r).await }
+        })
+        .await
+        .map(|r| r.nodes)
+    }
+
+    pub async fn get_node(&self, id: &str) -> Result<pb::GetNodeResponse, Status> {
+        self.retry(|| {
+            let mut c = self.admin.clone();
+            let r = self.request(pb::GetNodeRequest {
+                node_id: id.to_string(),
+            });
+            async move { c.get_node(r).await }
+        })
+        .await
+    }
+
+    pub async fn get_features(&self, node: &str) -> Result<pb::Features, Status> {
+        self.retry(|| {
+            let mut c = self.admin.clone();
+            let r = self.request(pb::GetFeaturesRequest {
+                node_id: node.to_string(),
+            });
+            async move { c.get_features(r).await }
+        })
+        .await
+    }
+
+    pub async fn set_features(&self, req: pb::SetFeaturesRequest) -> Result<pb::Features, Status> {
+        self.retry(|| {
+            let mut c = self.admin.clone();
+            let r = self.request(req.clone());
+            async move { c.set_features(r).await }
+        })
+        .await
+    }
+
+    /// The no-op call (the framework's own cost, for benchmarks).
+    pub async fn ping(&self) -> Result<(), Status> {
+        let mut c = self.admin.clone();
+        c.ping(self.request(pb::PingRequest {})).await.map(|_| ())
+    }
+}

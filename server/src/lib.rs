@@ -4,7 +4,7 @@
 
 pub mod decide;
 pub mod engine;
-pub mod scenario;
-pub mod store;
 pub mod metrics;
+pub mod scenario;
 pub mod service;
+pub mod store;

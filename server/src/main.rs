@@ -11,7 +11,11 @@ use fairplace::service::{ServeConfig, serve, shutdown_signal};
 use fairplace::store::StoreConfig;
 
 #[derive(Parser)]
-#[command(name = "fairplace-server", version, about = "fairplace placement-decision server")]
+#[command(
+    name = "fairplace-server",
+    version,
+    about = "fairplace placement-decision server"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

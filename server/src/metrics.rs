@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 pub const DECISIONS: &str = "fairplace_decisions_total";
@@ -26,29 +26,98 @@ pub const CLAIM_RETRIES: &str = "fairplace_claim_retries_total";
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
 pub const ALL: [(&str, &str, &str); 16] = [
-    (DECISIONS, "counter", "Placement decisions, by request kind and the path that chose the CPU."),
-    (DECISION_SCANNED, "histogram", "CPUs whose idle state a placement's scans tested, by kind and path."),
-    (DECISION_DURATION, "histogram", "Time the engine took for one placement decision, in seconds, by kind."),
-    (DECISION_STATE_AGE, "histogram", "Age of the node state a decision read (time since its agent report), in seconds."),
-    (MIGRATE_CHECKS, "counter", "can_migrate_task checks, by verdict and reason."),
-    (RPC_REQUESTS, "counter", "gRPC requests, by method and status code."),
-    (RPC_DURATION, "histogram", "gRPC request handling time, in seconds, by method."),
-    (RPC_SHED, "counter", "gRPC requests refused at once with RESOURCE_EXHAUSTED by the concurrency limit."),
-    (NODES, "gauge", "Registered nodes, by freshness (fresh: reported within the staleness TTL)."),
-    (REPORTS_APPLIED, "counter", "Agent updates applied to the store, by kind (full or delta)."),
-    (REPORTS_REJECTED, "counter", "Agent messages rejected, by reason; the stored state is unchanged."),
-    (CPU_UPDATES, "counter", "Per-CPU states applied from agent updates."),
-    (REPORT_APPLY_DURATION, "histogram", "Time to validate and apply one agent update, in seconds."),
-    (CLAIMS_OUTSTANDING, "gauge", "Claims counted in node states (CPUs chosen with claim=true not yet superseded)."),
-    (CLAIMS_EXPIRED, "counter", "Claims that ended by TTL before an agent report superseded them."),
-    (CLAIM_RETRIES, "counter", "Claimed placements decided again because the node changed under them."),
+    (
+        DECISIONS,
+        "counter",
+        "Placement decisions, by request kind and the path that chose the CPU.",
+    ),
+    (
+        DECISION_SCANNED,
+        "histogram",
+        "CPUs whose idle state a placement's scans tested, by kind and path.",
+    ),
+    (
+        DECISION_DURATION,
+        "histogram",
+        "Time the engine took for one placement decision, in seconds, by kind.",
+    ),
+    (
+        DECISION_STATE_AGE,
+        "histogram",
+        "Age of the node state a decision read (time since its agent report), in seconds.",
+    ),
+    (
+        MIGRATE_CHECKS,
+        "counter",
+        "can_migrate_task checks, by verdict and reason.",
+    ),
+    (
+        RPC_REQUESTS,
+        "counter",
+        "gRPC requests, by method and status code.",
+    ),
+    (
+        RPC_DURATION,
+        "histogram",
+        "gRPC request handling time, in seconds, by method.",
+    ),
+    (
+        RPC_SHED,
+        "counter",
+        "gRPC requests refused at once with RESOURCE_EXHAUSTED by the concurrency limit.",
+    ),
+    (
+        NODES,
+        "gauge",
+        "Registered nodes, by freshness (fresh: reported within the staleness TTL).",
+    ),
+    (
+        REPORTS_APPLIED,
+        "counter",
+        "Agent updates applied to the store, by kind (full or delta).",
+    ),
+    (
+        REPORTS_REJECTED,
+        "counter",
+        "Agent messages rejected, by reason; the stored state is unchanged.",
+    ),
+    (
+        CPU_UPDATES,
+        "counter",
+        "Per-CPU states applied from agent updates.",
+    ),
+    (
+        REPORT_APPLY_DURATION,
+        "histogram",
+        "Time to validate and apply one agent update, in seconds.",
+    ),
+    (
+        CLAIMS_OUTSTANDING,
+        "gauge",
+        "Claims counted in node states (CPUs chosen with claim=true not yet superseded).",
+    ),
+    (
+        CLAIMS_EXPIRED,
+        "counter",
+        "Claims that ended by TTL before an agent report superseded them.",
+    ),
+    (
+        CLAIM_RETRIES,
+        "counter",
+        "Claimed placements decided again because the node changed under them.",
+    ),
 ];
 
 const LATENCY_BUCKETS: [f64; 16] = [
-    1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 2.5e-2, 1e-1,
+    1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3,
+    2.5e-2, 1e-1,
 ];
-const SCANNED_BUCKETS: [f64; 13] = [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
-const AGE_BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const SCANNED_BUCKETS: [f64; 13] = [
+    0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+const AGE_BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 /// Installs the global recorder and serves /metrics on `addr`.
 pub fn install(addr: SocketAddr) -> Result<PrometheusHandle, String> {

@@ -319,3 +319,37 @@ fn inconsistent_topologies_are_rejected_naming_the_field() {
     );
     check(&|s| s.cpus.clear(), "topology.cpus");
 }
+
+#[test]
+fn group_rings_follow_the_kernels_shared_groups() {
+    // Cores A = {0,4}, B = {1,3}, C = {2,5} in one LLC. The MC groups are
+    // shared objects whose ring is rewritten by every CPU's build, the last
+    // (CPU 5) leaving the order of wrap(0-5, 5): C, A, B. CPU 3 enters it at
+    // its own group B: B, C, A (the format's wrap from CPU 3 would say B, A, C).
+    let cores = [0, 1, 2, 1, 0, 2];
+    let cpus = cores
+        .iter()
+        .map(|&core| CpuTopo {
+            core,
+            cluster: None,
+            llc: 0,
+            node: 0,
+            capacity: 1024,
+        })
+        .collect();
+    let spec = TopologySpec {
+        cpus,
+        numa_distance: None,
+    };
+    let t = Topology::build(&spec, &all(&spec), 30).unwrap();
+    let ring = |cpu: usize| -> Vec<String> {
+        t.domains(cpu)[1]
+            .groups
+            .iter()
+            .map(|g| t.span(*g).to_string())
+            .collect()
+    };
+    assert_eq!(ring(3), ["1,3", "2,5", "0,4"]);
+    assert_eq!(ring(0), ["0,4", "1,3", "2,5"]);
+    assert_eq!(ring(5), ["2,5", "0,4", "1,3"]);
+}

@@ -534,7 +534,10 @@ class Topology:
         out = []
         rest = LiveMask(span)
         if d.numa_j is None:
-            for i in for_each_cpu_wrap(rest, c):
+            # Kernel, not the format: these groups are shared objects whose
+            # ring every CPU's build rewrites; the highest CPU of the span
+            # builds last, so its wrap order stays, entered at c's group.
+            for i in for_each_cpu_wrap(rest, span.bit_length() - 1):
                 if li == 0:
                     gspan, gflags = 1 << i, 0
                 else:
@@ -542,6 +545,8 @@ class Topology:
                     gspan, gflags = ch.span, ch.flags0
                 out.append(self.make_group(d.level, gspan, gflags))
                 rest.m &= ~gspan
+            k = next(j for j, g in enumerate(out) if (g.span >> c) & 1)
+            out = out[k:] + out[:k]
         else:
             # build_overlap_sched_groups
             for i in for_each_cpu_wrap(rest, c):
@@ -1353,7 +1358,8 @@ class Decision:
         factor = self.tt.llc_size[s.this_cpu]
         if master < slave:
             master, slave = slave, master
-        return slave >= factor and master >= slave * factor
+        # Kernel, not the format: unsigned int arithmetic wraps at 2^32.
+        return slave >= factor and master >= (slave * factor) & 0xFFFFFFFF
 
     def wake_affine(self, sd, this, prev, sync):
         t, tag = None, None

@@ -1,1 +1,155 @@
-fn main() {}
+//! fairplace-agent: streams this machine's CPU state (or N simulated nodes)
+//! to a fairplace server.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use fairplace_client::agent::{Machine, Simulated, StreamConfig, StreamStats, stream};
+use tokio::sync::watch;
+
+#[derive(Parser)]
+#[command(
+    name = "fairplace-agent",
+    version,
+    about = "streams CPU state to a fairplace server"
+)]
+struct Args {
+    /// The server's gRPC address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    server: String,
+    /// Node id; default: this machine's hostname.
+    #[arg(long, env = "FAIRPLACE_NODE_ID")]
+    node_id: Option<String>,
+    /// Placement labels, KEY=VALUE (repeatable), e.g. zone=eu-1a.
+    #[arg(long = "label")]
+    labels: Vec<String>,
+    /// Time between reports (ms).
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Run N synthetic nodes instead of reading this machine.
+    #[arg(long)]
+    simulate: Option<u32>,
+    /// CPUs per simulated node.
+    #[arg(long, default_value_t = 128)]
+    simulate_cpus: u32,
+    /// Share of a simulated node's CPUs that change per report (%).
+    #[arg(long, default_value_t = 10)]
+    simulate_churn_pct: u32,
+    /// Serve the agent's own Prometheus metrics here.
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
+    /// Stop after this many seconds (0: run until interrupted).
+    #[arg(long, default_value_t = 0)]
+    run_for_s: u64,
+    /// sysfs root (for testing against a copy).
+    #[arg(long, default_value = "/sys/devices/system")]
+    sys_root: String,
+    /// procfs root.
+    #[arg(long, default_value = "/proc")]
+    proc_root: String,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let a = Args::parse();
+    if let Some(addr) = a.metrics_addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()?;
+        metrics::describe_counter!(
+            "fairplace_agent_updates_sent_total",
+            "Updates sent to the server, by kind (full or delta)."
+        );
+        metrics::describe_counter!(
+            "fairplace_agent_reconnects_total",
+            "Times the stream failed and was reopened."
+        );
+        metrics::describe_counter!(
+            "fairplace_agent_rejections_total",
+            "Updates the server rejected, by reason."
+        );
+        metrics::describe_histogram!(
+            "fairplace_agent_send_duration_seconds",
+            metrics::Unit::Seconds,
+            "Time to hand one update to the stream."
+        );
+        metrics::describe_histogram!(
+            "fairplace_agent_read_duration_seconds",
+            metrics::Unit::Seconds,
+            "Time to read /proc and /sys for one update."
+        );
+    }
+    let mut labels = Vec::new();
+    for l in &a.labels {
+        let (k, v) = l
+            .split_once('=')
+            .ok_or_else(|| format!("--label {l:?}: expected KEY=VALUE"))?;
+        labels.push((k.to_string(), v.to_string()));
+    }
+    let base = a.node_id.clone().unwrap_or_else(hostname);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let cfg = |id: String| StreamConfig {
+        server: a.server.clone(),
+        node_id: id,
+        labels: labels.clone(),
+        interval: Duration::from_millis(a.interval_ms.max(1)),
+        backoff_min: Duration::from_millis(100),
+        backoff_max: Duration::from_secs(10),
+    };
+    match a.simulate {
+        Some(n) => {
+            for i in 0..n {
+                let mut sim = Simulated::new(a.simulate_cpus, i as u64 + 1);
+                sim.churn_pct = a.simulate_churn_pct;
+                let (st, _) = watch::channel(StreamStats::default());
+                tasks.push(tokio::spawn(stream(
+                    cfg(format!("{base}-sim-{i}")),
+                    sim,
+                    stop_rx.clone(),
+                    st,
+                )));
+            }
+            tracing::info!(nodes = n, cpus = a.simulate_cpus, "simulating");
+        }
+        None => {
+            let m = Machine::new(a.sys_root.clone().into(), a.proc_root.clone().into())?;
+            tracing::info!(node = %base, cpus = m.nr_cpus(), "reading this machine");
+            let (st, _) = watch::channel(StreamStats::default());
+            tasks.push(tokio::spawn(stream(
+                cfg(base.clone()),
+                m,
+                stop_rx.clone(),
+                st,
+            )));
+        }
+    }
+    let run_for = a.run_for_s;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            if run_for > 0 { tokio::time::sleep(Duration::from_secs(run_for)).await } else { std::future::pending::<()>().await }
+        } => {}
+    }
+    stop_tx.send(true).ok();
+    for t in tasks {
+        let _ = t.await;
+    }
+    Ok(())
+}

@@ -1,1 +1,629 @@
-fn main() {}
+//! The fairplace CLI: ask a server for placements and migration checks, look
+//! at its nodes and features, and `demo`, which runs a server with a local
+//! agent and makes a few real decisions.
+
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use fairplace_client::agent::{Machine, StreamConfig, StreamStats, stream};
+use fairplace_client::table::render;
+use fairplace_client::{Client, pb};
+use serde_json::json;
+use tokio::sync::watch;
+
+#[derive(Parser)]
+#[command(name = "fairplace", version, about = "fairplace placement client")]
+struct Cli {
+    /// Server gRPC address.
+    #[arg(
+        long,
+        global = true,
+        default_value = "127.0.0.1:50051",
+        env = "FAIRPLACE_SERVER"
+    )]
+    server: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Per-call deadline (ms).
+    #[arg(long, global = true, default_value_t = 2000)]
+    deadline_ms: u64,
+    /// Bearer token for admin calls.
+    #[arg(long, global = true, env = "FAIRPLACE_ADMIN_TOKEN")]
+    token: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct TaskArgs {
+    /// Allowed CPUs (cpulist); default: all.
+    #[arg(long, default_value = "")]
+    cpus_allowed: String,
+    /// normal, batch or idle.
+    #[arg(long, default_value = "normal")]
+    policy: String,
+    #[arg(long, default_value_t = 0)]
+    util: i64,
+    #[arg(long, default_value_t = 0)]
+    load: i64,
+    #[arg(long)]
+    migration_disabled: bool,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// PickCpu: where should this task run?
+    Pick {
+        node: String,
+        /// wakeup, fork or exec.
+        #[arg(long, default_value = "wakeup")]
+        kind: String,
+        #[arg(long, default_value_t = 0)]
+        this_cpu: u32,
+        /// The wakee's previous CPU (wakeup).
+        #[arg(long)]
+        prev_cpu: Option<u32>,
+        #[arg(long)]
+        sync: bool,
+        /// Count the chosen CPU as busy until the next report.
+        #[arg(long)]
+        claim: bool,
+        /// Ask this many times (with --claim: distinct CPUs while idle ones last).
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        #[command(flatten)]
+        task: TaskArgs,
+    },
+    /// CanMigrate: may the balancer move the task from src to dst?
+    Migrate {
+        node: String,
+        src: u32,
+        dst: u32,
+        #[arg(long, default_value = "")]
+        sd_level: String,
+        /// idle, not_idle or newly_idle.
+        #[arg(long, default_value = "idle")]
+        idle: String,
+        #[arg(long, default_value_t = 0)]
+        nr_balance_failed: u32,
+        #[arg(long)]
+        running: bool,
+        #[command(flatten)]
+        task: TaskArgs,
+    },
+    /// List the registered nodes.
+    Nodes,
+    /// One node's topology and per-CPU state.
+    Node { id: String },
+    /// Show or set features: --set NAME=on|off (repeatable), --node for one node.
+    Features {
+        #[arg(long, default_value = "")]
+        node: String,
+        #[arg(long = "set")]
+        set: Vec<String>,
+        #[arg(long)]
+        clear_overrides: bool,
+    },
+    /// Decide a scenario file: with --server on the server (Decide RPC).
+    Decide { file: String },
+    /// Start a server and an agent for this machine, make a few real
+    /// decisions against the live state, and keep serving for a while.
+    Demo {
+        /// gRPC port for the demo server (0: any free port).
+        #[arg(long, default_value_t = 50051)]
+        grpc_port: u16,
+        /// /metrics port (0: any free port).
+        #[arg(long, default_value_t = 9464)]
+        metrics_port: u16,
+        /// Keep serving this long after the decisions (s).
+        #[arg(long, default_value_t = 20)]
+        linger_s: u64,
+    },
+}
+
+fn task(t: &TaskArgs, prev: Option<u32>) -> Result<pb::Task, String> {
+    let policy = match t.policy.as_str() {
+        "normal" => pb::Policy::Normal,
+        "batch" => pb::Policy::Batch,
+        "idle" => pb::Policy::Idle,
+        p => return Err(format!("--policy {p:?}: expected normal, batch or idle")),
+    };
+    Ok(pb::Task {
+        policy: policy as i32,
+        cpus_allowed: t.cpus_allowed.clone(),
+        prev_cpu: prev,
+        util_avg: t.util,
+        util_est: t.util,
+        load_avg: t.load,
+        migration_disabled: t.migration_disabled,
+        ..Default::default()
+    })
+}
+
+fn kind(s: &str) -> Result<pb::RequestKind, String> {
+    Ok(match s {
+        "wakeup" => pb::RequestKind::Wakeup,
+        "fork" => pb::RequestKind::Fork,
+        "exec" => pb::RequestKind::Exec,
+        k => return Err(format!("--kind {k:?}: expected wakeup, fork or exec")),
+    })
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli).await {
+        eprintln!("fairplace: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn connect(cli: &Cli) -> Result<Client, String> {
+    let mut c = Client::connect(&cli.server)
+        .await
+        .map_err(|e| format!("cannot connect to {}: {e}", cli.server))?
+        .with_token(cli.token.clone());
+    c.deadline = Duration::from_millis(cli.deadline_ms);
+    Ok(c)
+}
+
+fn status(s: tonic::Status) -> String {
+    format!("{:?}: {}", s.code(), s.message())
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    match &cli.cmd {
+        Cmd::Demo {
+            grpc_port,
+            metrics_port,
+            linger_s,
+        } => demo(*grpc_port, *metrics_port, *linger_s).await,
+        Cmd::Pick {
+            node,
+            kind: k,
+            this_cpu,
+            prev_cpu,
+            sync,
+            claim,
+            count,
+            task: t,
+        } => {
+            let c = connect(&cli).await?;
+            let req = pb::PickCpuRequest {
+                node_id: node.clone(),
+                task: Some(task(t, prev_cpu.or(Some(*this_cpu)))?),
+                kind: kind(k)? as i32,
+                this_cpu: *this_cpu,
+                sync: *sync,
+                claim: *claim,
+                ..Default::default()
+            };
+            let mut rows = Vec::new();
+            let mut out = Vec::new();
+            for _ in 0..*count {
+                let r = c.pick_cpu(req.clone()).await.map_err(status)?;
+                rows.push(vec![
+                    r.cpu.to_string(),
+                    r.path.clone(),
+                    r.scanned.to_string(),
+                    r.state_version.to_string(),
+                    format!("{:.3}", r.state_age_seconds),
+                ]);
+                out.push(json!({"cpu": r.cpu, "path": r.path, "scanned": r.scanned,
+                    "state_version": r.state_version, "state_age_seconds": r.state_age_seconds}));
+            }
+            if cli.json {
+                for o in out {
+                    println!("{o}");
+                }
+            } else {
+                print!(
+                    "{}",
+                    render(&["cpu", "path", "scanned", "version", "age_s"], &rows)
+                );
+            }
+            Ok(())
+        }
+        Cmd::Migrate {
+            node,
+            src,
+            dst,
+            sd_level,
+            idle,
+            nr_balance_failed,
+            running,
+            task: t,
+        } => {
+            let c = connect(&cli).await?;
+            let mut tk = task(t, None)?;
+            tk.running = *running;
+            let idle = match idle.as_str() {
+                "idle" => pb::IdleType::Idle,
+                "not_idle" => pb::IdleType::NotIdle,
+                "newly_idle" => pb::IdleType::NewlyIdle,
+                i => {
+                    return Err(format!(
+                        "--idle {i:?}: expected idle, not_idle or newly_idle"
+                    ));
+                }
+            };
+            let r = c
+                .can_migrate(pb::CanMigrateRequest {
+                    node_id: node.clone(),
+                    task: Some(tk),
+                    src_cpu: *src,
+                    dst_cpu: *dst,
+                    sd_level: sd_level.clone(),
+                    idle: idle as i32,
+                    nr_balance_failed: *nr_balance_failed,
+                    ..Default::default()
+                })
+                .await
+                .map_err(status)?;
+            if cli.json {
+                println!(
+                    "{}",
+                    json!({"allowed": r.allowed, "new_dst_cpu": r.new_dst_cpu, "flags": r.flags,
+                        "reason": r.reason, "task_hot": r.task_hot, "state_version": r.state_version})
+                );
+            } else {
+                print!(
+                    "{}",
+                    render(
+                        &["allowed", "reason", "new_dst_cpu", "flags", "task_hot"],
+                        &[vec![
+                            r.allowed.to_string(),
+                            r.reason,
+                            r.new_dst_cpu.map_or("-".into(), |c| c.to_string()),
+                            r.flags.join(","),
+                            r.task_hot.map_or("-".into(), |h| h.to_string()),
+                        ]]
+                    )
+                );
+            }
+            Ok(())
+        }
+        Cmd::Nodes => {
+            let c = connect(&cli).await?;
+            let nodes = c.list_nodes().await.map_err(status)?;
+            if cli.json {
+                for n in &nodes {
+                    println!(
+                        "{}",
+                        json!({"id": n.id, "labels": n.labels, "cpus": n.cpus, "online_cpus": n.online_cpus,
+                            "idle_cpus": n.idle_cpus, "age_seconds": n.age_seconds, "fresh": n.fresh,
+                            "connected": n.connected, "state_version": n.state_version})
+                    );
+                }
+            } else {
+                let rows: Vec<Vec<String>> = nodes
+                    .iter()
+                    .map(|n| {
+                        let mut labels: Vec<String> =
+                            n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        labels.sort();
+                        vec![
+                            n.id.clone(),
+                            n.cpus.to_string(),
+                            n.online_cpus.to_string(),
+                            n.idle_cpus.to_string(),
+                            format!("{:.2}", n.age_seconds),
+                            if n.fresh { "fresh" } else { "stale" }.into(),
+                            if n.connected { "yes" } else { "no" }.into(),
+                            labels.join(","),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    render(
+                        &[
+                            "node", "cpus", "online", "idle", "age_s", "state", "agent", "labels"
+                        ],
+                        &rows
+                    )
+                );
+            }
+            Ok(())
+        }
+        Cmd::Node { id } => {
+            let c = connect(&cli).await?;
+            let n = c.get_node(id).await.map_err(status)?;
+            let topo = n.topology.unwrap_or_default();
+            if cli.json {
+                let cpus: Vec<_> = n
+                    .cpus
+                    .iter()
+                    .map(|s| {
+                        json!({"id": s.id, "online": s.online, "nr_running": s.nr_running,
+                        "h_nr_idle": s.h_nr_idle, "util_avg": s.util_avg, "load_avg": s.load_avg,
+                        "idle_exit_latency": s.idle_exit_latency})
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    json!({"id": id, "last_seq": n.last_seq, "agent_version": n.agent_version,
+                    "claims": n.claims, "cpus": cpus})
+                );
+            } else {
+                let rows: Vec<Vec<String>> = n
+                    .cpus
+                    .iter()
+                    .zip(&topo.cpus)
+                    .map(|(s, t)| {
+                        vec![
+                            s.id.to_string(),
+                            t.core.to_string(),
+                            t.llc.to_string(),
+                            t.node.to_string(),
+                            if s.online { "yes" } else { "no" }.into(),
+                            s.nr_running.to_string(),
+                            s.h_nr_idle.to_string(),
+                            s.util_avg.to_string(),
+                            n.claims.get(&s.id).map_or("0".into(), |k| k.to_string()),
+                        ]
+                    })
+                    .collect();
+                println!("node {id}: agent {} seq {}", n.agent_version, n.last_seq);
+                print!(
+                    "{}",
+                    render(
+                        &[
+                            "cpu",
+                            "core",
+                            "llc",
+                            "numa",
+                            "online",
+                            "nr_running",
+                            "sched_idle",
+                            "util",
+                            "claims"
+                        ],
+                        &rows
+                    )
+                );
+            }
+            Ok(())
+        }
+        Cmd::Features {
+            node,
+            set,
+            clear_overrides,
+        } => {
+            let c = connect(&cli).await?;
+            let f = if set.is_empty() && !clear_overrides {
+                c.get_features(node).await.map_err(status)?
+            } else {
+                let mut map = std::collections::HashMap::new();
+                for s in set {
+                    let (k, v) = s
+                        .split_once('=')
+                        .ok_or_else(|| format!("--set {s:?}: expected NAME=on|off"))?;
+                    let on = match v {
+                        "on" | "true" | "1" => true,
+                        "off" | "false" | "0" => false,
+                        _ => return Err(format!("--set {s:?}: expected on or off")),
+                    };
+                    map.insert(k.to_string(), on);
+                }
+                c.set_features(pb::SetFeaturesRequest {
+                    node_id: node.clone(),
+                    set: map,
+                    clear_overrides: *clear_overrides,
+                })
+                .await
+                .map_err(status)?
+            };
+            let mut names: Vec<(&String, &bool)> = f.features.iter().collect();
+            names.sort();
+            if cli.json {
+                println!(
+                    "{}",
+                    json!({"features": f.features, "overridden": f.overridden})
+                );
+            } else {
+                let rows: Vec<Vec<String>> = names
+                    .iter()
+                    .map(|(k, v)| {
+                        vec![
+                            k.to_string(),
+                            if **v { "on" } else { "off" }.into(),
+                            if f.overridden.contains(k) { "node" } else { "" }.into(),
+                        ]
+                    })
+                    .collect();
+                print!("{}", render(&["feature", "value", "set_for"], &rows));
+            }
+            Ok(())
+        }
+        Cmd::Decide { file } => {
+            let c = connect(&cli).await?;
+            let text = std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?;
+            let mut bad = 0;
+            for item in fairplace::scenario::split_input(&text) {
+                let line = match item {
+                    Ok(v) => match c.decide(&v.to_string()).await {
+                        Ok(a) => a,
+                        Err(s) => {
+                            bad += 1;
+                            json!({"error": s.message()}).to_string()
+                        }
+                    },
+                    Err(e) => {
+                        bad += 1;
+                        json!({"error": e.to_string()}).to_string()
+                    }
+                };
+                println!("{line}");
+            }
+            if bad > 0 {
+                return Err(format!("{bad} scenario(s) were invalid"));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The main job: server, agent and a few real decisions, on defaults.
+async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), String> {
+    let grpc = tokio::net::TcpListener::bind(("127.0.0.1", grpc_port))
+        .await
+        .map_err(|e| format!("bind 127.0.0.1:{grpc_port}: {e} (try --grpc-port 0)"))?;
+    let grpc_addr = grpc.local_addr().map_err(|e| e.to_string())?;
+    let probe = std::net::TcpListener::bind(("127.0.0.1", metrics_port))
+        .map_err(|e| format!("bind 127.0.0.1:{metrics_port}: {e} (try --metrics-port 0)"))?;
+    let metrics_addr = probe.local_addr().map_err(|e| e.to_string())?;
+    drop(probe);
+    fairplace::service::install_metrics(metrics_addr)?;
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let server = tokio::spawn(fairplace::service::serve(
+        fairplace::service::ServeConfig::default(),
+        grpc,
+        async move {
+            let _ = stop_rx.changed().await;
+        },
+    ));
+
+    let machine = Machine::local().map_err(|e| format!("reading this machine's topology: {e}"))?;
+    let n = machine.nr_cpus() as u32;
+    let node_id = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    let (agent_stop_tx, agent_stop) = watch::channel(false);
+    let (stats_tx, _stats) = watch::channel(StreamStats::default());
+    let agent = tokio::spawn(stream(
+        StreamConfig {
+            server: grpc_addr.to_string(),
+            node_id: node_id.clone(),
+            labels: vec![("zone".into(), "local".into())],
+            interval: Duration::from_millis(250),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+        },
+        machine,
+        agent_stop,
+        stats_tx,
+    ));
+
+    let client = Client::connect(&grpc_addr.to_string())
+        .await
+        .map_err(|e| e.to_string())?;
+    // Wait for the agent's first full snapshot and one delta on top of it,
+    // so util reflects a measured interval.
+    let t0 = Instant::now();
+    loop {
+        if let Ok(node) = client.get_node(&node_id).await
+            && node.last_seq >= 2
+        {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            return Err("the local agent did not report within 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let last = n - 1;
+    let asks: Vec<(&str, pb::PickCpuRequest)> = vec![
+        (
+            "wakeup, last ran on CPU 0",
+            pick(&node_id, pb::RequestKind::Wakeup, 0, Some(0), "", false),
+        ),
+        (
+            "sync wakeup from the last CPU",
+            pb::PickCpuRequest {
+                sync: true,
+                ..pick(&node_id, pb::RequestKind::Wakeup, last, Some(0), "", false)
+            },
+        ),
+        (
+            "fork on CPU 0",
+            pick(&node_id, pb::RequestKind::Fork, 0, None, "", false),
+        ),
+        (
+            "exec on CPU 0",
+            pick(&node_id, pb::RequestKind::Exec, 0, None, "", false),
+        ),
+        (
+            "exec bound to CPU 0",
+            pick(&node_id, pb::RequestKind::Exec, 0, None, "0", false),
+        ),
+        (
+            "claimed wakeup #1",
+            pick(&node_id, pb::RequestKind::Wakeup, 0, Some(0), "", true),
+        ),
+        (
+            "claimed wakeup #2",
+            pick(&node_id, pb::RequestKind::Wakeup, 0, Some(0), "", true),
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (what, req) in asks {
+        let row = match client.pick_cpu(req).await {
+            Ok(r) => vec![
+                what.to_string(),
+                r.cpu.to_string(),
+                r.path,
+                r.scanned.to_string(),
+                r.state_version.to_string(),
+                format!("{:.3}", r.state_age_seconds),
+            ],
+            Err(s) => vec![
+                what.to_string(),
+                "-".into(),
+                status(s),
+                "".into(),
+                "".into(),
+                "".into(),
+            ],
+        };
+        rows.push(row);
+    }
+    println!("fairplace demo: node {node_id} ({n} CPUs) reported by the local agent\n");
+    print!(
+        "{}",
+        render(
+            &["request", "cpu", "path", "scanned", "state", "age_s"],
+            &rows
+        )
+    );
+    println!("\ngRPC:    {grpc_addr}   (try: fairplace --server {grpc_addr} nodes)");
+    println!("metrics: http://{metrics_addr}/metrics");
+    if linger_s > 0 {
+        println!("serving for {linger_s} s more; Ctrl-C stops it now");
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(linger_s)) => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    agent_stop_tx.send(true).ok();
+    let _ = agent.await;
+    stop_tx.send(true).ok();
+    let _ = server.await;
+    Ok(())
+}
+
+fn pick(
+    node: &str,
+    kind: pb::RequestKind,
+    this_cpu: u32,
+    prev: Option<u32>,
+    allowed: &str,
+    claim: bool,
+) -> pb::PickCpuRequest {
+    pb::PickCpuRequest {
+        node_id: node.to_string(),
+        task: Some(pb::Task {
+            prev_cpu: prev,
+            cpus_allowed: allowed.to_string(),
+            util_avg: 200,
+            load_avg: 300,
+            ..Default::default()
+        }),
+        kind: kind as i32,
+        this_cpu,
+        claim,
+        ..Default::default()
+    }
+}

@@ -59,14 +59,17 @@ impl Ctx<'_> {
     }
 
     /// `wake_wide()`: a 1:N waker/wakee relation wider than the LLC spreads.
+    /// The kernel keeps flips in `unsigned int`, so `slave * factor` wraps
+    /// at 2^32; the scenario format's plain arithmetic would not, and the
+    /// kernel wins.
     fn wake_wide(&self, this_cpu: usize, waker_flips: i64) -> bool {
-        let factor = self.topo.llc_size(this_cpu) as i64;
-        let mut master = waker_flips;
-        let mut slave = self.p.wakee_flips;
+        let factor = self.topo.llc_size(this_cpu);
+        let mut master = waker_flips as u32;
+        let mut slave = self.p.wakee_flips as u32;
         if master < slave {
             std::mem::swap(&mut master, &mut slave);
         }
-        slave >= factor && master >= slave * factor
+        slave >= factor && master >= slave.wrapping_mul(factor)
     }
 
     /// `wake_affine()`: pull the wakee to the waker's CPU, or leave it on prev.

@@ -108,11 +108,17 @@ impl CpuState {
         if self.actual_capacity > capacity_orig {
             return Err((
                 "actual_capacity",
-                format!("{} is out of range 0..{capacity_orig}", self.actual_capacity),
+                format!(
+                    "{} is out of range 0..{capacity_orig}",
+                    self.actual_capacity
+                ),
             ));
         }
         if !(0..=(1i64 << 62)).contains(&self.idle_stamp) {
-            return Err(("idle_stamp", format!("{} is out of range 0..2^62", self.idle_stamp)));
+            return Err((
+                "idle_stamp",
+                format!("{} is out of range 0..2^62", self.idle_stamp),
+            ));
         }
         Ok(())
     }

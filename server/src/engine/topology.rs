@@ -521,6 +521,14 @@ impl Topology {
         // build_sched_groups() / build_overlap_sched_groups() on the full tree.
         // The initial flags of each group object are those of the child domain
         // it was made from.
+        //
+        // Non-NUMA groups are objects shared by the CPUs of a span, and every
+        // CPU's build rewrites their ring; the CPUs build in ascending order,
+        // so the ring that stays is the one the span's highest CPU built
+        // (groups in the order of wrap(span, max)), entered at each CPU's own
+        // group. The scenario format walks wrap(span, c) instead; the two
+        // differ only for numberings where those walks are not rotations of
+        // each other, and the kernel wins. NUMA groups are per-CPU copies.
         let mut group_flags: HashMap<(u8, SpanId), u32> = HashMap::new();
         for c in online.iter() {
             for li in 0..chains[c].len() {
@@ -529,7 +537,12 @@ impl Topology {
                 let is_numa = matches!(chains[c][li].d.level, Level::Numa(_));
                 let mut covered = CpuMask::new();
                 let mut groups = Vec::new();
-                let mut walk = super::cpumask::WrapWalk::new(c, n);
+                let start = if is_numa {
+                    c
+                } else {
+                    span.iter().last().expect("a domain spans its CPU")
+                };
+                let mut walk = super::cpumask::WrapWalk::new(start, n);
                 while let Some(i) = walk.next(&span) {
                     if covered.test(i) {
                         continue;
@@ -561,6 +574,12 @@ impl Topology {
                     group_flags.insert((li as u8, gspan), gflags);
                     groups.push(gspan);
                 }
+                // The ring is entered at the CPU's own (local) group.
+                let local = groups
+                    .iter()
+                    .position(|g| b.spans[*g as usize].test(c))
+                    .expect("some group holds the CPU");
+                groups.rotate_left(local);
                 chains[c][li].d.groups = groups;
             }
         }

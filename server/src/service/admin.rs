@@ -27,7 +27,9 @@ pub struct TokenAuth {
 
 impl Authorize for TokenAuth {
     fn authorize(&self, method: &str, metadata: &MetadataMap) -> Result<(), Status> {
-        let Some(token) = &self.token else { return Ok(()) };
+        let Some(token) = &self.token else {
+            return Ok(());
+        };
         if method != "SetFeatures" {
             return Ok(());
         }
@@ -35,7 +37,9 @@ impl Authorize for TokenAuth {
         match metadata.get("authorization").and_then(|v| v.to_str().ok()) {
             Some(v) if v == want => Ok(()),
             Some(_) => Err(Status::permission_denied("authorization: wrong token")),
-            None => Err(Status::unauthenticated("authorization: a bearer token is required")),
+            None => Err(Status::unauthenticated(
+                "authorization: a bearer token is required",
+            )),
         }
     }
 }
@@ -86,15 +90,26 @@ impl Admin {
 
 #[tonic::async_trait]
 impl AdminService for Admin {
-    async fn list_nodes(&self, req: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+    async fn list_nodes(
+        &self,
+        req: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.auth.authorize("ListNodes", req.metadata())?;
         let now = Instant::now();
         Ok(Response::new(pb::ListNodesResponse {
-            nodes: self.store.nodes().iter().map(|n| summary(&self.store, n, now)).collect(),
+            nodes: self
+                .store
+                .nodes()
+                .iter()
+                .map(|n| summary(&self.store, n, now))
+                .collect(),
         }))
     }
 
-    async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::GetNodeResponse>, Status> {
+    async fn get_node(
+        &self,
+        req: Request<pb::GetNodeRequest>,
+    ) -> Result<Response<pb::GetNodeResponse>, Status> {
         self.auth.authorize("GetNode", req.metadata())?;
         let n = self.node(&req.get_ref().node_id)?;
         let s = n.snapshot();
@@ -114,11 +129,17 @@ impl AdminService for Admin {
         }))
     }
 
-    async fn get_features(&self, req: Request<pb::GetFeaturesRequest>) -> Result<Response<pb::Features>, Status> {
+    async fn get_features(
+        &self,
+        req: Request<pb::GetFeaturesRequest>,
+    ) -> Result<Response<pb::Features>, Status> {
         self.auth.authorize("GetFeatures", req.metadata())?;
         let id = &req.get_ref().node_id;
         if id.is_empty() {
-            return Ok(Response::new(features_pb(&self.store.global_features(), vec![])));
+            return Ok(Response::new(features_pb(
+                &self.store.global_features(),
+                vec![],
+            )));
         }
         let n = self.node(id)?;
         let mut over: Vec<String> = self.store.overrides(&n).into_keys().collect();
@@ -126,7 +147,10 @@ impl AdminService for Admin {
         Ok(Response::new(features_pb(&n.snapshot().features, over)))
     }
 
-    async fn set_features(&self, req: Request<pb::SetFeaturesRequest>) -> Result<Response<pb::Features>, Status> {
+    async fn set_features(
+        &self,
+        req: Request<pb::SetFeaturesRequest>,
+    ) -> Result<Response<pb::Features>, Status> {
         self.auth.authorize("SetFeatures", req.metadata())?;
         let r = req.into_inner();
         let mut set: Vec<(String, bool)> = r.set.into_iter().collect();
@@ -141,7 +165,10 @@ impl AdminService for Admin {
             .map_err(convert::invalid)?;
         tracing::info!(node = %r.node_id, ?set, "features changed");
         match node {
-            None => Ok(Response::new(features_pb(&self.store.global_features(), vec![]))),
+            None => Ok(Response::new(features_pb(
+                &self.store.global_features(),
+                vec![],
+            ))),
             Some(n) => {
                 let mut over: Vec<String> = self.store.overrides(&n).into_keys().collect();
                 over.sort();
@@ -150,7 +177,10 @@ impl AdminService for Admin {
         }
     }
 
-    async fn ping(&self, _: Request<pb::PingRequest>) -> Result<Response<pb::PingResponse>, Status> {
+    async fn ping(
+        &self,
+        _: Request<pb::PingRequest>,
+    ) -> Result<Response<pb::PingResponse>, Status> {
         Ok(Response::new(pb::PingResponse {}))
     }
 }

@@ -31,7 +31,10 @@ fn rejected(reason: &'static str) {
 impl AgentService for Agent {
     type ReportStream = AckStream;
 
-    async fn report(&self, req: Request<Streaming<pb::AgentMessage>>) -> Result<Response<AckStream>, Status> {
+    async fn report(
+        &self,
+        req: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<AckStream>, Status> {
         let mut inbound = req.into_inner();
         let store = Arc::clone(&self.store);
         let (tx, rx) = mpsc::channel(32);
@@ -43,15 +46,18 @@ impl AgentService for Agent {
             let Some(Body::Register(reg)) = first.body else {
                 rejected("not_registered");
                 let _ = tx
-                    .send(Err(Status::invalid_argument("body: the first message must be a Register")))
+                    .send(Err(Status::invalid_argument(
+                        "body: the first message must be a Register",
+                    )))
                     .await;
                 return;
             };
-            let registered = convert::topology_spec(reg.topology.as_ref(), "register.topology").and_then(|spec| {
-                let mut labels: Vec<(String, String)> = reg.labels.into_iter().collect();
-                labels.sort();
-                store.register(&reg.node_id, labels, reg.agent_version, spec)
-            });
+            let registered = convert::topology_spec(reg.topology.as_ref(), "register.topology")
+                .and_then(|spec| {
+                    let mut labels: Vec<(String, String)> = reg.labels.into_iter().collect();
+                    labels.sort();
+                    store.register(&reg.node_id, labels, reg.agent_version, spec)
+                });
             let (node, generation) = match registered {
                 Ok(x) => x,
                 Err(e) => {
@@ -94,7 +100,11 @@ impl AgentService for Agent {
                                 .cpus
                                 .iter()
                                 .map(|c| {
-                                    let cap = node.spec.cpus.get(c.id as usize).map_or(1024, |t| t.capacity);
+                                    let cap = node
+                                        .spec
+                                        .cpus
+                                        .get(c.id as usize)
+                                        .map_or(1024, |t| t.capacity);
                                     (c.id, convert::cpu_state(c, cap))
                                 })
                                 .collect(),
@@ -104,7 +114,8 @@ impl AgentService for Agent {
                                 let kind = if u.full { "full" } else { "delta" };
                                 metrics::counter!(m::REPORTS_APPLIED, "kind" => kind).increment(1);
                                 metrics::counter!(m::CPU_UPDATES).increment(u.cpus.len() as u64);
-                                metrics::histogram!(m::REPORT_APPLY_DURATION).record(t0.elapsed().as_secs_f64());
+                                metrics::histogram!(m::REPORT_APPLY_DURATION)
+                                    .record(t0.elapsed().as_secs_f64());
                                 pb::Ack {
                                     applied_seq: u.seq,
                                     rejection: None,

@@ -159,7 +159,12 @@ fn cpulist(s: &str, topo: &Topology, field: &str) -> Result<Option<CpuMask>, Fie
 
 /// A task for a placement or a migration check; `task_cpu` stands in for
 /// prev_cpu where the request fixes it.
-pub fn task(t: Option<&pb::Task>, topo: &Topology, wakeup: bool, task_cpu: usize) -> Result<Task, FieldError> {
+pub fn task(
+    t: Option<&pb::Task>,
+    topo: &Topology,
+    wakeup: bool,
+    task_cpu: usize,
+) -> Result<Task, FieldError> {
     let default = pb::Task::default();
     let t = t.unwrap_or(&default);
     let prev_cpu = if wakeup {
@@ -199,12 +204,18 @@ pub fn task(t: Option<&pb::Task>, topo: &Topology, wakeup: bool, task_cpu: usize
     task.load_avg = signal(t.load_avg, "task.load_avg")?;
     task.wakee_flips = signal(t.wakee_flips, "task.wakee_flips")?;
     if t.uclamp_min > 1024 {
-        return Err(err("task.uclamp_min", format!("{} is out of range 0..1024", t.uclamp_min)));
+        return Err(err(
+            "task.uclamp_min",
+            format!("{} is out of range 0..1024", t.uclamp_min),
+        ));
     }
     task.uclamp_min = t.uclamp_min;
     task.uclamp_max = t.uclamp_max.unwrap_or(1024);
     if task.uclamp_max > 1024 {
-        return Err(err("task.uclamp_max", format!("{} is out of range 0..1024", task.uclamp_max)));
+        return Err(err(
+            "task.uclamp_max",
+            format!("{} is out of range 0..1024", task.uclamp_max),
+        ));
     }
     task.migration_disabled = t.migration_disabled;
     task.core_cookie = t.core_cookie;
@@ -230,7 +241,10 @@ pub fn task(t: Option<&pb::Task>, topo: &Topology, wakeup: bool, task_cpu: usize
 }
 
 /// A PickCpu request against a snapshot.
-pub fn pick_request(r: &pb::PickCpuRequest, snap: &Snapshot) -> Result<(Task, PlaceRequest), FieldError> {
+pub fn pick_request(
+    r: &pb::PickCpuRequest,
+    snap: &Snapshot,
+) -> Result<(Task, PlaceRequest), FieldError> {
     let topo = &snap.topo;
     let kind = match pb::RequestKind::try_from(r.kind) {
         Ok(pb::RequestKind::Wakeup) => Kind::Wakeup,
@@ -243,7 +257,7 @@ pub fn pick_request(r: &pb::PickCpuRequest, snap: &Snapshot) -> Result<(Task, Pl
         return Err(err("this_cpu", format!("CPU {this_cpu} is offline")));
     }
     let mut req = PlaceRequest::new(kind, this_cpu);
-    let w = r.waker.clone().unwrap_or_default();
+    let w = r.waker.unwrap_or_default();
     req.sync = r.sync;
     req.wf_current_cpu = r.current_cpu;
     req.in_task = r.in_task.unwrap_or(true);
@@ -266,12 +280,19 @@ pub fn pick_response(p: &Placement, snap: &Snapshot, age_seconds: f64) -> pb::Pi
         scanned: p.scanned,
         state_version: snap.version,
         state_age_seconds: age_seconds,
-        affine: p.detail.affine.map(|a| a.as_str().to_string()).unwrap_or_default(),
+        affine: p
+            .detail
+            .affine
+            .map(|a| a.as_str().to_string())
+            .unwrap_or_default(),
         nr_idle_scan: p.detail.nr_idle_scan,
     }
 }
 
-pub fn migrate_request(r: &pb::CanMigrateRequest, snap: &Snapshot) -> Result<(Task, MigrateEnv), FieldError> {
+pub fn migrate_request(
+    r: &pb::CanMigrateRequest,
+    snap: &Snapshot,
+) -> Result<(Task, MigrateEnv), FieldError> {
     let topo = &snap.topo;
     let src = cpu_in(topo, r.src_cpu, "src_cpu")?;
     let dst = cpu_in(topo, r.dst_cpu, "dst_cpu")?;
@@ -288,13 +309,22 @@ pub fn migrate_request(r: &pb::CanMigrateRequest, snap: &Snapshot) -> Result<(Ta
         chain
             .iter()
             .position(|d| topo.span(d.span).test(src))
-            .ok_or_else(|| err("src_cpu", format!("no domain of CPU {dst} contains CPU {src}")))?
+            .ok_or_else(|| {
+                err(
+                    "src_cpu",
+                    format!("no domain of CPU {dst} contains CPU {src}"),
+                )
+            })?
     } else {
         topo.domain_by_name(dst, &r.sd_level).ok_or_else(|| {
             let names: Vec<String> = chain.iter().map(|d| d.level.to_string()).collect();
             err(
                 "sd_level",
-                format!("{:?} is not a domain of CPU {dst} (it has {})", r.sd_level, names.join(", ")),
+                format!(
+                    "{:?} is not a domain of CPU {dst} (it has {})",
+                    r.sd_level,
+                    names.join(", ")
+                ),
             )
         })?
     };
@@ -308,7 +338,12 @@ pub fn migrate_request(r: &pb::CanMigrateRequest, snap: &Snapshot) -> Result<(Ta
                 .iter()
                 .find(|(_, n)| n == name)
                 .map(|(b, _)| *b)
-                .ok_or_else(|| err(format!("flags[{i}]"), format!("{name:?} is not a balance flag")))?;
+                .ok_or_else(|| {
+                    err(
+                        format!("flags[{i}]"),
+                        format!("{name:?} is not a balance flag"),
+                    )
+                })?;
         }
         f
     };

@@ -71,8 +71,10 @@ where
             }
             Err(_) => {
                 metrics::counter!(m::RPC_SHED).increment(1);
-                let resp = Status::resource_exhausted("server overloaded: concurrency limit reached, retry later")
-                    .into_http::<RB>();
+                let resp = Status::resource_exhausted(
+                    "server overloaded: concurrency limit reached, retry later",
+                )
+                .into_http::<RB>();
                 Box::pin(async move { Ok(resp) })
             }
         }
@@ -157,8 +159,10 @@ where
                     .map_or("OK", code_name),
                 Err(_) => "Internal",
             };
-            metrics::counter!(m::RPC_REQUESTS, "method" => method.clone(), "code" => code).increment(1);
-            metrics::histogram!(m::RPC_DURATION, "method" => method).record(t0.elapsed().as_secs_f64());
+            metrics::counter!(m::RPC_REQUESTS, "method" => method.clone(), "code" => code)
+                .increment(1);
+            metrics::histogram!(m::RPC_DURATION, "method" => method)
+                .record(t0.elapsed().as_secs_f64());
             r
         })
     }
@@ -170,7 +174,10 @@ mod tests {
 
     #[test]
     fn method_names_drop_the_package() {
-        assert_eq!(method_name("/fairplace.v1.PlacementService/PickCpu"), "PlacementService/PickCpu");
+        assert_eq!(
+            method_name("/fairplace.v1.PlacementService/PickCpu"),
+            "PlacementService/PickCpu"
+        );
         assert_eq!(method_name("/grpc.health.v1.Health/Check"), "Health/Check");
         assert_eq!(code_name("3"), "InvalidArgument");
         assert_eq!(code_name("99"), "Unknown");

@@ -64,8 +64,12 @@ pub async fn serve_store(
     health
         .set_serving::<PlacementServiceServer<placement::Placement>>()
         .await;
-    health.set_serving::<AgentServiceServer<agent::Agent>>().await;
-    health.set_serving::<AdminServiceServer<admin::Admin>>().await;
+    health
+        .set_serving::<AgentServiceServer<agent::Agent>>()
+        .await;
+    health
+        .set_serving::<AdminServiceServer<admin::Admin>>()
+        .await;
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
@@ -134,7 +138,8 @@ pub async fn serve_store(
 
 /// Claim expiry, freshness gauges and forgetting long-dead nodes.
 async fn housekeeping(store: Arc<Store>) {
-    let tick = (store.config.claim_ttl / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
+    let tick =
+        (store.config.claim_ttl / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
     let mut interval = tokio::time::interval(tick);
     let mut last_gauges = Instant::now() - Duration::from_secs(1);
     loop {

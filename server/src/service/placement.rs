@@ -40,12 +40,14 @@ impl Placement {
                 "node {:?} has not reported its state yet",
                 node.id
             ))),
-            Some(age) if age > self.store.config.stale_after => Err(Status::failed_precondition(format!(
-                "node {:?} is stale: last report {:.3} s ago (TTL {:.3} s)",
-                node.id,
-                age.as_secs_f64(),
-                self.store.config.stale_after.as_secs_f64()
-            ))),
+            Some(age) if age > self.store.config.stale_after => {
+                Err(Status::failed_precondition(format!(
+                    "node {:?} is stale: last report {:.3} s ago (TTL {:.3} s)",
+                    node.id,
+                    age.as_secs_f64(),
+                    self.store.config.stale_after.as_secs_f64()
+                )))
+            }
             Some(age) => Ok((snap, age.as_secs_f64())),
         }
     }
@@ -53,7 +55,10 @@ impl Placement {
 
 #[tonic::async_trait]
 impl PlacementService for Placement {
-    async fn pick_cpu(&self, req: Request<pb::PickCpuRequest>) -> Result<Response<pb::PickCpuResponse>, Status> {
+    async fn pick_cpu(
+        &self,
+        req: Request<pb::PickCpuRequest>,
+    ) -> Result<Response<pb::PickCpuResponse>, Status> {
         let r = req.into_inner();
         let node = self.node(&r.node_id)?;
         let mut attempt = 0;
@@ -82,7 +87,8 @@ impl PlacementService for Placement {
             let kind = preq.kind.as_str();
             let path = p.path.as_str();
             metrics::counter!(m::DECISIONS, "kind" => kind, "path" => path).increment(1);
-            metrics::histogram!(m::DECISION_SCANNED, "kind" => kind, "path" => path).record(p.scanned as f64);
+            metrics::histogram!(m::DECISION_SCANNED, "kind" => kind, "path" => path)
+                .record(p.scanned as f64);
             metrics::histogram!(m::DECISION_DURATION, "kind" => kind).record(took);
             metrics::histogram!(m::DECISION_STATE_AGE).record(age);
             return Ok(Response::new(convert::pick_response(&p, &snap, age)));
@@ -105,11 +111,15 @@ impl PlacementService for Placement {
         };
         let d = can_migrate_task(view, &task, &env);
         let verdict = if d.allowed { "allowed" } else { "refused" };
-        metrics::counter!(m::MIGRATE_CHECKS, "verdict" => verdict, "reason" => d.reason.as_str()).increment(1);
+        metrics::counter!(m::MIGRATE_CHECKS, "verdict" => verdict, "reason" => d.reason.as_str())
+            .increment(1);
         Ok(Response::new(convert::migrate_response(&d, &snap)))
     }
 
-    async fn decide(&self, req: Request<pb::DecideRequest>) -> Result<Response<pb::DecideResponse>, Status> {
+    async fn decide(
+        &self,
+        req: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::DecideResponse>, Status> {
         let r = req.into_inner();
         let v: serde_json::Value = serde_json::from_str(&r.scenario_json)
             .map_err(|e| Status::invalid_argument(format!("scenario_json: malformed JSON: {e}")))?;

@@ -114,7 +114,10 @@ impl Node {
 pub enum Reject {
     /// A delta whose sequence does not follow the last applied one, or a delta
     /// before the first full snapshot.
-    OutOfSequence { expected: u64, got: u64 },
+    OutOfSequence {
+        expected: u64,
+        got: u64,
+    },
     Invalid(FieldError),
     /// Another registration took over this node.
     Superseded,
@@ -151,11 +154,14 @@ pub struct Update {
     pub cpus: Vec<(u32, CpuState)>,
 }
 
+/// Built domain trees by (machine type, online CPUs).
+type TopoCache = HashMap<(Arc<TopologySpec>, CpuMask), Weak<Topology>>;
+
 /// Every node's state.
 pub struct Store {
     nodes: DashMap<String, Arc<Node>>,
     /// Nodes of the same machine type share one built domain tree.
-    topo_cache: Mutex<HashMap<(Arc<TopologySpec>, CpuMask), Weak<Topology>>>,
+    topo_cache: Mutex<TopoCache>,
     specs: Mutex<HashMap<TopologySpec, Weak<TopologySpec>>>,
     global: ArcSwap<Features>,
     next_generation: AtomicU64,
@@ -205,13 +211,21 @@ impl Store {
 
     /// The domain tree of `spec` with these CPUs online, shared by every
     /// node of the same machine type.
-    fn topology(&self, spec: &Arc<TopologySpec>, online: &CpuMask) -> Result<Arc<Topology>, FieldError> {
+    fn topology(
+        &self,
+        spec: &Arc<TopologySpec>,
+        online: &CpuMask,
+    ) -> Result<Arc<Topology>, FieldError> {
         let key = (Arc::clone(spec), *online);
         let mut cache = self.topo_cache.lock().expect("topology cache");
         if let Some(t) = cache.get(&key).and_then(Weak::upgrade) {
             return Ok(t);
         }
-        let t = Arc::new(Topology::build(spec, online, self.config.system.node_reclaim_distance)?);
+        let t = Arc::new(Topology::build(
+            spec,
+            online,
+            self.config.system.node_reclaim_distance,
+        )?);
         cache.retain(|_, w| w.strong_count() > 0);
         cache.insert(key, Arc::downgrade(&t));
         Ok(t)
@@ -233,18 +247,24 @@ impl Store {
         spec.validate("register.topology")?;
         let spec = self.intern_spec(spec);
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        if let Some(old) = self.get(id) {
-            if *old.spec == *spec && old.labels == labels && old.agent_version == agent_version {
-                old.generation.store(generation, Ordering::SeqCst);
-                old.connected.store(true, Ordering::SeqCst);
-                old.writer.lock().expect("writer lock").needs_full = true;
-                return Ok((old, generation));
-            }
+        if let Some(old) = self.get(id)
+            && *old.spec == *spec
+            && old.labels == labels
+            && old.agent_version == agent_version
+        {
+            old.generation.store(generation, Ordering::SeqCst);
+            old.connected.store(true, Ordering::SeqCst);
+            old.writer.lock().expect("writer lock").needs_full = true;
+            return Ok((old, generation));
         }
         let n = spec.cpus.len();
         let online = CpuMask::first_n(n);
         let topo = self.topology(&spec, &online)?;
-        let reported: Vec<CpuState> = spec.cpus.iter().map(|c| CpuState::idle(c.capacity)).collect();
+        let reported: Vec<CpuState> = spec
+            .cpus
+            .iter()
+            .map(|c| CpuState::idle(c.capacity))
+            .collect();
         let features = **self.global.load();
         let state = NodeState::new(&topo, reported.clone(), &[], &features);
         let node = Arc::new(Node {
@@ -276,7 +296,13 @@ impl Store {
 
     /// Validates and applies one update atomically. A rejected update leaves
     /// the node exactly as it was.
-    pub fn apply(&self, node: &Node, generation: u64, u: &Update, now: Instant) -> Result<u64, Reject> {
+    pub fn apply(
+        &self,
+        node: &Node,
+        generation: u64,
+        u: &Update,
+        now: Instant,
+    ) -> Result<u64, Reject> {
         let mut w = node.writer.lock().expect("writer lock");
         if node.generation.load(Ordering::SeqCst) != generation {
             return Err(Reject::Superseded);
@@ -299,7 +325,10 @@ impl Store {
                 )));
             }
             if seen.test(id) {
-                return Err(Reject::Invalid(FieldError::new(field("id"), format!("CPU {id} is listed twice"))));
+                return Err(Reject::Invalid(FieldError::new(
+                    field("id"),
+                    format!("CPU {id} is listed twice"),
+                )));
             }
             seen.set(id);
             c.check(node.spec.cpus[id].capacity)
@@ -325,13 +354,17 @@ impl Store {
             }
         }
         if online.is_empty() {
-            return Err(Reject::Invalid(FieldError::new("update.cpus", "no CPU would be online")));
+            return Err(Reject::Invalid(FieldError::new(
+                "update.cpus",
+                "no CPU would be online",
+            )));
         }
         let cur = node.snapshot();
         let topo = if cur.topo.online == online {
             Arc::clone(&cur.topo)
         } else {
-            self.topology(&node.spec, &online).map_err(Reject::Invalid)?
+            self.topology(&node.spec, &online)
+                .map_err(Reject::Invalid)?
         };
         // A report of a CPU supersedes the claims on it.
         for (id, _) in &u.cpus {
@@ -426,7 +459,13 @@ impl Store {
     pub fn claims_outstanding(&self) -> usize {
         self.nodes()
             .iter()
-            .map(|n| n.snapshot().claims.iter().map(|(_, k)| *k as usize).sum::<usize>())
+            .map(|n| {
+                n.snapshot()
+                    .claims
+                    .iter()
+                    .map(|(_, k)| *k as usize)
+                    .sum::<usize>()
+            })
             .sum()
     }
 
@@ -557,9 +596,18 @@ mod tests {
             full: false,
             cpus: vec![(1, CpuState::idle(1024))],
         };
-        assert!(matches!(s.apply(&n, g, &delta(1), now), Err(Reject::OutOfSequence { .. })));
+        assert!(matches!(
+            s.apply(&n, g, &delta(1), now),
+            Err(Reject::OutOfSequence { .. })
+        ));
         assert_eq!(s.apply(&n, g, &full(4, 7, &[0]), now), Ok(2));
-        assert!(matches!(s.apply(&n, g, &delta(9), now), Err(Reject::OutOfSequence { expected: 8, got: 9 })));
+        assert!(matches!(
+            s.apply(&n, g, &delta(9), now),
+            Err(Reject::OutOfSequence {
+                expected: 8,
+                got: 9
+            })
+        ));
         assert!(s.apply(&n, g, &delta(8), now).is_ok());
         assert_eq!(n.last_seq(), 8);
     }
@@ -600,15 +648,38 @@ mod tests {
         s.apply(&n, g, &full(4, 1, &[]), now).unwrap();
         let v = n.snapshot().version;
         assert!(s.try_claim(&n, v, 2, now));
-        assert!(!s.try_claim(&n, v, 3, now), "a stale version must decide again");
+        assert!(
+            !s.try_claim(&n, v, 3, now),
+            "a stale version must decide again"
+        );
         let snap = n.snapshot();
         assert_eq!(snap.state.cpus[2].nr_running, 1);
         assert!(!snap.state.cpus[2].idle_cpu());
         assert_eq!(snap.claims, vec![(2, 1)]);
         // A report of another CPU keeps the claim; a report of CPU 2 ends it.
-        s.apply(&n, g, &Update { seq: 2, full: false, cpus: vec![(1, CpuState::idle(1024))] }, now).unwrap();
+        s.apply(
+            &n,
+            g,
+            &Update {
+                seq: 2,
+                full: false,
+                cpus: vec![(1, CpuState::idle(1024))],
+            },
+            now,
+        )
+        .unwrap();
         assert_eq!(n.snapshot().state.cpus[2].nr_running, 1);
-        s.apply(&n, g, &Update { seq: 3, full: false, cpus: vec![(2, CpuState::idle(1024))] }, now).unwrap();
+        s.apply(
+            &n,
+            g,
+            &Update {
+                seq: 3,
+                full: false,
+                cpus: vec![(2, CpuState::idle(1024))],
+            },
+            now,
+        )
+        .unwrap();
         assert_eq!(n.snapshot().state.cpus[2].nr_running, 0);
         // Expiry.
         let v = n.snapshot().version;
@@ -632,7 +703,10 @@ mod tests {
         let (n, g1) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
         let (_, g2) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
         let now = Instant::now();
-        assert_eq!(s.apply(&n, g1, &full(4, 1, &[]), now), Err(Reject::Superseded));
+        assert_eq!(
+            s.apply(&n, g1, &full(4, 1, &[]), now),
+            Err(Reject::Superseded)
+        );
         assert!(s.apply(&n, g2, &full(4, 1, &[]), now).is_ok());
     }
 }

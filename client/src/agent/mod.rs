@@ -1,0 +1,436 @@
+//! fairplace-agent: reads a machine's CPU state and streams it to the server.
+//!
+//! A [`Source`] produces the topology once and per-CPU states on every tick:
+//! [`Machine`] reads this machine's sysfs and procfs, [`Simulated`] makes up
+//! a node for load tests. [`stream`] keeps one Report stream per node alive:
+//! register, a full snapshot, then deltas of the CPUs that changed (an empty
+//! delta is the heartbeat that keeps the node fresh), and on any error a
+//! reconnect with jittered exponential backoff and a full snapshot again.
+
+pub mod pelt;
+pub mod procfs;
+pub mod sysfs;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use fairplace_proto::v1 as pb;
+use pb::agent_message::Body;
+use pb::agent_service_client::AgentServiceClient;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Where a node's state comes from.
+pub trait Source: Send + 'static {
+    fn topology(&self) -> pb::Topology;
+    /// The current state of every CPU.
+    fn sample(&mut self) -> Vec<pb::CpuState>;
+}
+
+/// This machine, read from sysfs and procfs.
+pub struct Machine {
+    sys: PathBuf,
+    proc: PathBuf,
+    topo: sysfs::Topology,
+    pelt: Vec<pelt::Pelt>,
+    prev: Vec<Option<procfs::CpuTimes>>,
+    /// Nanoseconds per /proc/stat tick (USER_HZ is 100 on Linux).
+    tick_ns: u64,
+    pub last_read: Duration,
+}
+
+impl Machine {
+    pub fn new(sys: PathBuf, proc: PathBuf) -> std::io::Result<Machine> {
+        let topo = sysfs::read_topology(&sys)?;
+        let n = topo.cpus.len();
+        Ok(Machine {
+            sys,
+            proc,
+            topo,
+            pelt: (0..n).map(|_| pelt::Pelt::new()).collect(),
+            prev: vec![None; n],
+            tick_ns: 10_000_000,
+            last_read: Duration::ZERO,
+        })
+    }
+
+    /// The real machine.
+    pub fn local() -> std::io::Result<Machine> {
+        Machine::new(PathBuf::from("/sys/devices/system"), PathBuf::from("/proc"))
+    }
+
+    pub fn nr_cpus(&self) -> usize {
+        self.topo.cpus.len()
+    }
+}
+
+impl Source for Machine {
+    fn topology(&self) -> pb::Topology {
+        pb::Topology {
+            cpus: self
+                .topo
+                .cpus
+                .iter()
+                .map(|c| pb::CpuTopology {
+                    id: c.id,
+                    core: c.core,
+                    cluster: c.cluster,
+                    llc: c.llc,
+                    node: c.node,
+                    capacity: c.capacity,
+                })
+                .collect(),
+            numa_distance: self
+                .topo
+                .numa_distance
+                .as_ref()
+                .map(|d| {
+                    d.iter()
+                        .map(|r| pb::DistanceRow {
+                            distance: r.clone(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    fn sample(&mut self) -> Vec<pb::CpuState> {
+        let t0 = Instant::now();
+        let n = self.nr_cpus();
+        let online: Vec<u32> =
+            sysfs::read_online(&self.sys).unwrap_or_else(|_| (0..n as u32).collect());
+        let times = std::fs::read_to_string(self.proc.join("stat"))
+            .map(|s| procfs::parse_proc_stat(&s))
+            .unwrap_or_default();
+        let rq = procfs::read_runqueues(&self.proc, n).unwrap_or(procfs::RunqueueCounts {
+            nr_running: vec![0; n],
+            h_nr_idle: vec![0; n],
+        });
+        for t in times {
+            let i = t.cpu as usize;
+            if i >= n {
+                continue;
+            }
+            if let Some(p) = self.prev[i] {
+                let busy = t.busy.saturating_sub(p.busy) * self.tick_ns;
+                let total = t.total.saturating_sub(p.total) * self.tick_ns;
+                self.pelt[i].update(busy, total);
+            }
+            self.prev[i] = Some(t);
+        }
+        let me = procfs_self_cpu(&self.proc);
+        let out = (0..n)
+            .map(|i| {
+                let util = self.pelt[i].util() as i64;
+                // The agent's own reading thread is runnable where it ran;
+                // it is not part of the workload.
+                let mut nr = rq.nr_running[i];
+                if Some(i as u32) == me {
+                    nr = nr.saturating_sub(1);
+                }
+                let idle = rq.h_nr_idle[i].min(nr);
+                // A nice-0 task's load and runnable averages track its
+                // runnable time: approximate them from util and queue depth.
+                let runnable = util * nr.max(1) as i64;
+                pb::CpuState {
+                    id: i as u32,
+                    online: online.contains(&(i as u32)),
+                    nr_running: nr,
+                    h_nr_idle: idle,
+                    nr_delayed: 0,
+                    cfs_h_nr_queued: None,
+                    curr_is_idle: None,
+                    ttwu_pending: false,
+                    vcpu_preempted: false,
+                    load_avg: runnable,
+                    runnable_avg: runnable,
+                    util_avg: util,
+                    util_est: util,
+                    capacity: None,
+                    actual_capacity: None,
+                    idle_exit_latency: sysfs::idle_exit_latency(&self.sys, i as u32),
+                    idle_stamp: 0,
+                    curr_is_per_cpu_kthread: false,
+                    core_cookie: 0,
+                }
+            })
+            .collect();
+        self.last_read = t0.elapsed();
+        out
+    }
+}
+
+/// The CPU this process's current thread last ran on (field 39 of its stat).
+fn procfs_self_cpu(proc: &std::path::Path) -> Option<u32> {
+    let s = std::fs::read_to_string(proc.join("thread-self/stat")).ok()?;
+    procfs::parse_task_stat(&s).map(|t| t.processor)
+}
+
+/// A synthetic node: `sockets` x `cores` x `smt` CPUs whose load wanders.
+pub struct Simulated {
+    nodes: u32,
+    cores_per_node: u32,
+    smt: u32,
+    rng: u64,
+    state: Vec<pb::CpuState>,
+    /// Share of CPUs that change per sample, in percent.
+    pub churn_pct: u32,
+}
+
+impl Simulated {
+    pub fn new(nr_cpus: u32, seed: u64) -> Simulated {
+        let smt = if nr_cpus.is_multiple_of(2) { 2 } else { 1 };
+        let nodes = if nr_cpus >= 64 { 2 } else { 1 };
+        let mut s = Simulated {
+            nodes,
+            cores_per_node: nr_cpus / smt / nodes,
+            smt,
+            rng: seed | 1,
+            state: Vec::new(),
+            churn_pct: 10,
+        };
+        s.state = (0..s.nr_cpus()).map(|i| s.random_cpu(i)).collect();
+        s
+    }
+
+    pub fn nr_cpus(&self) -> u32 {
+        self.nodes * self.cores_per_node * self.smt
+    }
+
+    fn next(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    fn random_cpu(&mut self, id: u32) -> pb::CpuState {
+        let busy = self.next() % 100 < 50;
+        let util = if busy {
+            300 + (self.next() % 700) as i64
+        } else {
+            (self.next() % 50) as i64
+        };
+        let nr = if busy {
+            1 + (self.next() % 3) as u32
+        } else {
+            0
+        };
+        pb::CpuState {
+            id,
+            online: true,
+            nr_running: nr,
+            h_nr_idle: if nr > 0 && self.next().is_multiple_of(10) {
+                nr
+            } else {
+                0
+            },
+            load_avg: util * nr.max(1) as i64,
+            runnable_avg: util * nr.max(1) as i64,
+            util_avg: util,
+            util_est: util,
+            idle_exit_latency: if busy {
+                None
+            } else {
+                Some((self.next() % 3) as u32 * 10)
+            },
+            ..Default::default()
+        }
+    }
+}
+
+impl Source for Simulated {
+    fn topology(&self) -> pb::Topology {
+        let per_node = self.cores_per_node * self.smt;
+        pb::Topology {
+            cpus: (0..self.nr_cpus())
+                .map(|i| pb::CpuTopology {
+                    id: i,
+                    core: i / self.smt,
+                    cluster: None,
+                    llc: i / per_node,
+                    node: i / per_node,
+                    capacity: 1024,
+                })
+                .collect(),
+            numa_distance: vec![],
+        }
+    }
+
+    fn sample(&mut self) -> Vec<pb::CpuState> {
+        let n = self.nr_cpus();
+        let changes = (n * self.churn_pct / 100).max(1);
+        for _ in 0..changes {
+            let i = (self.next() % n as u64) as u32;
+            self.state[i as usize] = self.random_cpu(i);
+        }
+        self.state.clone()
+    }
+}
+
+/// How one node's stream is run.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    pub server: String,
+    pub node_id: String,
+    pub labels: Vec<(String, String)>,
+    pub interval: Duration,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+}
+
+/// What a stream reports about itself, for logs, metrics and tests.
+#[derive(Debug, Default, Clone)]
+pub struct StreamStats {
+    pub connects: u64,
+    pub updates_sent: u64,
+    pub cpus_sent: u64,
+    pub rejections: u64,
+    pub last_ack_seq: u64,
+}
+
+/// Keeps the node's Report stream alive until `stop` turns true.
+pub async fn stream<S: Source>(
+    cfg: StreamConfig,
+    mut source: S,
+    mut stop: watch::Receiver<bool>,
+    stats: watch::Sender<StreamStats>,
+) {
+    let mut backoff = cfg.backoff_min;
+    let mut seq: u64 = 0;
+    let mut jitter = seed_from(&cfg.node_id);
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let t0 = Instant::now();
+        match run_once(&cfg, &mut source, &mut seq, &mut stop, &stats).await {
+            Ok(()) => return,
+            Err(e) => {
+                metrics::counter!("fairplace_agent_reconnects_total").increment(1);
+                tracing::warn!(node = %cfg.node_id, error = %e, "stream failed; reconnecting");
+            }
+        }
+        if t0.elapsed() > cfg.backoff_max {
+            backoff = cfg.backoff_min;
+        }
+        // Jitter in [backoff/2, backoff) so many agents do not reconnect in step.
+        jitter ^= jitter << 13;
+        jitter ^= jitter >> 7;
+        jitter ^= jitter << 17;
+        let half = backoff / 2;
+        let wait = half + Duration::from_nanos(jitter % (half.as_nanos().max(1) as u64));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => {}
+        }
+        backoff = (backoff * 2).min(cfg.backoff_max);
+    }
+}
+
+fn seed_from(s: &str) -> u64 {
+    s.bytes().fold(0x9e3779b97f4a7c15u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    }) | 1
+}
+
+async fn run_once<S: Source>(
+    cfg: &StreamConfig,
+    source: &mut S,
+    seq: &mut u64,
+    stop: &mut watch::Receiver<bool>,
+    stats: &watch::Sender<StreamStats>,
+) -> Result<(), String> {
+    let uri = if cfg.server.contains("://") {
+        cfg.server.clone()
+    } else {
+        format!("http://{}", cfg.server)
+    };
+    let channel = tonic::transport::Endpoint::from_shared(uri)
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut client = AgentServiceClient::new(channel)
+        .max_decoding_message_size(16 << 20)
+        .max_encoding_message_size(16 << 20);
+    let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
+    tx.send(pb::AgentMessage {
+        body: Some(Body::Register(pb::Register {
+            node_id: cfg.node_id.clone(),
+            labels: cfg.labels.iter().cloned().collect(),
+            topology: Some(source.topology()),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        })),
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut acks = client
+        .report(ReceiverStream::new(rx))
+        .await
+        .map_err(|e| format!("report: {e}"))?
+        .into_inner();
+    match acks.message().await {
+        Ok(Some(_)) => {}
+        Ok(None) => return Err("the server closed the stream at registration".into()),
+        Err(s) => return Err(format!("registration refused: {}", s.message())),
+    }
+    stats.send_modify(|s| s.connects += 1);
+    let mut last: Option<Vec<pb::CpuState>> = None;
+    let mut need_full = true;
+    let mut tick = tokio::time::interval(cfg.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => {
+                if *stop.borrow() { return Ok(()); }
+            }
+            ack = acks.message() => match ack {
+                Ok(Some(a)) => {
+                    if let Some(r) = &a.rejection {
+                        metrics::counter!("fairplace_agent_rejections_total", "reason" => r.reason.clone()).increment(1);
+                        tracing::warn!(node = %cfg.node_id, reason = %r.reason, message = %r.message, "update rejected");
+                        stats.send_modify(|s| s.rejections += 1);
+                    }
+                    if a.resync_required {
+                        need_full = true;
+                    }
+                    stats.send_modify(|s| s.last_ack_seq = a.applied_seq);
+                }
+                Ok(None) => return Err("the server closed the stream".into()),
+                Err(s) => return Err(format!("stream: {}", s.message())),
+            },
+            _ = tick.tick() => {
+                let t0 = Instant::now();
+                let now = source.sample();
+                metrics::histogram!("fairplace_agent_read_duration_seconds").record(t0.elapsed().as_secs_f64());
+                let (full, cpus) = match (&last, need_full) {
+                    (Some(prev), false) if prev.len() == now.len() => {
+                        (false, now.iter().zip(prev).filter(|(a, b)| a != b).map(|(a, _)| *a).collect::<Vec<_>>())
+                    }
+                    _ => (true, now.clone()),
+                };
+                *seq += 1;
+                let n = cpus.len() as u64;
+                let msg = pb::AgentMessage {
+                    body: Some(Body::Update(pb::Update {
+                        seq: *seq,
+                        full,
+                        cpus,
+                        agent_time_ns: 0,
+                        node_id: cfg.node_id.clone(),
+                    })),
+                };
+                let t1 = Instant::now();
+                tx.send(msg).await.map_err(|_| "the stream closed".to_string())?;
+                metrics::histogram!("fairplace_agent_send_duration_seconds").record(t1.elapsed().as_secs_f64());
+                metrics::counter!("fairplace_agent_updates_sent_total", "kind" => if full { "full" } else { "delta" }).increment(1);
+                stats.send_modify(|s| { s.updates_sent += 1; s.cpus_sent += n; });
+                need_full = false;
+                last = Some(now);
+            }
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Plain-text tables for the CLI.
+
+/// Formats rows under a header, each column as wide as its widest cell.
+pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < width.len() {
+                width[i] = width[i].max(c.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i > 0 {
+                s.push_str("  ");
+            }
+            s.push_str(c);
+            if i + 1 < cells.len() {
+                s.push_str(&" ".repeat(width[i].saturating_sub(c.chars().count())));
+            }
+        }
+        s.push('\n');
+        s
+    };
+    let mut out = line(header.to_vec());
+    out.push_str(&line(
+        width
+            .iter()
+            .map(|w| "-".repeat(*w))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|s| s.as_str())
+            .collect(),
+    ));
+    for r in rows {
+        out.push_str(&line(r.iter().map(|s| s.as_str()).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn columns_align_to_the_widest_cell() {
+        let t = super::render(
+            &["cpu", "path"],
+            &[
+                vec!["12".into(), "idle_core".into()],
+                vec!["3".into(), "target".into()],
+            ],
+        );
+        assert_eq!(
+            t,
+            "cpu  path\n---  ---------\n12   idle_core\n3    target\n"
+        );
+    }
+}
