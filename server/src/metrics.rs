@@ -129,6 +129,12 @@ pub fn install(addr: SocketAddr) -> Result<PrometheusHandle, String> {
     metrics::set_global_recorder(recorder).map_err(|e| format!("metrics recorder: {e}"))?;
     tokio::spawn(exporter);
     describe();
+    // Unlabelled series exist from the start, so a scrape (and an alert on
+    // their rate) sees them before the first event.
+    for name in [RPC_SHED, CPU_UPDATES, CLAIMS_EXPIRED, CLAIM_RETRIES] {
+        metrics::counter!(name).absolute(0);
+    }
+    metrics::gauge!(CLAIMS_OUTSTANDING).set(0.0);
     Ok(handle)
 }
 

@@ -1,1 +1,333 @@
-//! Shared helpers for the end-to-end tests.
+//! Shared helpers for the end-to-end tests: the real binaries, started on
+//! loopback with free ports, and stopped when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The workspace's target directory for the running profile.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    // target/<profile>/deps/<test> -> target/<profile>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// Path of one of the workspace's binaries, built once per test run.
+pub fn bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let release = bin_dir().ends_with("release");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args([
+            "build",
+            "--bins",
+            "-p",
+            "fairplace-server",
+            "-p",
+            "fairplace-client",
+        ]);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success(), "building the binaries failed");
+    });
+    bin_dir().join(name)
+}
+
+/// A running `fairplace-server serve`.
+pub struct Server {
+    pub child: Child,
+    pub grpc: String,
+    pub metrics: String,
+}
+
+impl Server {
+    pub fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(bin("fairplace-server"))
+            .args([
+                "serve",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start fairplace-server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("server prints its addresses");
+        let grpc = field(&line, "grpc=").expect("grpc address");
+        let metrics = field(&line, "metrics=").expect("metrics address");
+        Server {
+            child,
+            grpc,
+            metrics,
+        }
+    }
+
+    /// SIGTERM, then wait for the graceful exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        unsafe_kill(self.child.id(), 15);
+        self.child.wait().expect("server exits")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn field(line: &str, key: &str) -> Option<String> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .map(str::to_string)
+}
+
+/// Sends a signal with the `kill` command (no libc dependency).
+pub fn unsafe_kill(pid: u32, sig: i32) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+/// A running `fairplace-agent`.
+pub struct Agent {
+    pub child: Child,
+}
+
+impl Agent {
+    pub fn start(server: &str, args: &[&str]) -> Agent {
+        let child = Command::new(bin("fairplace-agent"))
+            .args(["--server", server])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start fairplace-agent");
+        Agent { child }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the `fairplace` CLI and returns (exit code, stdout, stderr).
+pub fn cli(server: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin("fairplace"))
+        .args(["--server", server])
+        .args(args)
+        .output()
+        .expect("run fairplace");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Polls `f` until it returns Some, or panics after `limit`.
+pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// GET over plain HTTP/1.0 (for /metrics).
+pub fn http_get(url: &str) -> String {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("http url");
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let mut s = std::net::TcpStream::connect(host).expect("connect to metrics");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or(body)
+}
+
+pub use fairplace_proto::v1 as pb;
+use pb::agent_message::Body;
+use tokio::sync::mpsc;
+
+/// A hand-driven agent stream: the test decides every message.
+pub struct Reporter {
+    pub tx: mpsc::Sender<pb::AgentMessage>,
+    pub acks: tonic::Streaming<pb::Ack>,
+}
+
+impl Reporter {
+    /// Opens a Report stream and registers `node_id` with `topology`;
+    /// returns the stream, or the status the server answered with.
+    pub async fn register(
+        server: &str,
+        node_id: &str,
+        topology: pb::Topology,
+    ) -> Result<Reporter, tonic::Status> {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{server}"))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
+        let mut client = pb::agent_service_client::AgentServiceClient::new(ch);
+        let (tx, rx) = mpsc::channel(16);
+        tx.send(pb::AgentMessage {
+            body: Some(Body::Register(pb::Register {
+                node_id: node_id.into(),
+                labels: [("zone".to_string(), "z1".to_string())].into(),
+                topology: Some(topology),
+                agent_version: "test".into(),
+            })),
+        })
+        .await
+        .unwrap();
+        let mut acks = client
+            .report(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        match acks.message().await {
+            Ok(Some(_)) => Ok(Reporter { tx, acks }),
+            Ok(None) => Err(tonic::Status::unknown("stream closed")),
+            Err(s) => Err(s),
+        }
+    }
+
+    /// Sends an update and returns the server's answer to it.
+    pub async fn update(
+        &mut self,
+        seq: u64,
+        full: bool,
+        cpus: Vec<pb::CpuState>,
+        node_id: &str,
+    ) -> Result<pb::Ack, tonic::Status> {
+        self.tx
+            .send(pb::AgentMessage {
+                body: Some(Body::Update(pb::Update {
+                    seq,
+                    full,
+                    cpus,
+                    agent_time_ns: 0,
+                    node_id: node_id.into(),
+                })),
+            })
+            .await
+            .map_err(|_| tonic::Status::unavailable("stream closed"))?;
+        match self.acks.message().await {
+            Ok(Some(a)) => Ok(a),
+            Ok(None) => Err(tonic::Status::unknown("stream closed")),
+            Err(s) => Err(s),
+        }
+    }
+}
+
+/// `nodes` x `llcs` LLCs x `cores` cores x `smt` threads, packed numbering.
+pub fn topology(nodes: u32, llcs: u32, cores: u32, smt: u32) -> pb::Topology {
+    let mut cpus = vec![];
+    for node in 0..nodes {
+        for l in 0..llcs {
+            let llc = node * llcs + l;
+            for c in 0..cores {
+                for _ in 0..smt {
+                    cpus.push(pb::CpuTopology {
+                        id: cpus.len() as u32,
+                        core: llc * cores + c,
+                        cluster: None,
+                        llc,
+                        node,
+                        capacity: 1024,
+                    });
+                }
+            }
+        }
+    }
+    pb::Topology {
+        cpus,
+        numa_distance: vec![],
+    }
+}
+
+/// Every CPU online and idle, except `busy` (one task, util 600).
+pub fn states(n: u32, busy: &[u32]) -> Vec<pb::CpuState> {
+    (0..n)
+        .map(|i| {
+            let b = busy.contains(&i);
+            pb::CpuState {
+                id: i,
+                online: true,
+                nr_running: b as u32,
+                load_avg: if b { 700 } else { 0 },
+                runnable_avg: if b { 700 } else { 0 },
+                util_avg: if b { 600 } else { 0 },
+                util_est: if b { 600 } else { 0 },
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// The scenario (format v1) of a node as GetNode shows it, with a task and a
+/// request added by the caller: what `decide` must answer like PickCpu.
+pub fn scenario_of(node: &pb::GetNodeResponse) -> serde_json::Value {
+    use serde_json::json;
+    let topo = node.topology.as_ref().expect("topology");
+    let tcpus: Vec<_> = topo
+        .cpus
+        .iter()
+        .map(|c| {
+            let mut v = json!({"id": c.id, "core": c.core, "llc": c.llc, "node": c.node, "capacity": c.capacity});
+            if let Some(cl) = c.cluster {
+                v["cluster"] = json!(cl);
+            }
+            v
+        })
+        .collect();
+    let cpus: Vec<_> = node
+        .cpus
+        .iter()
+        .map(|s| {
+            json!({
+                "id": s.id, "online": s.online, "nr_running": s.nr_running, "h_nr_idle": s.h_nr_idle,
+                "nr_delayed": s.nr_delayed, "cfs_h_nr_queued": s.cfs_h_nr_queued, "curr_is_idle": s.curr_is_idle,
+                "ttwu_pending": s.ttwu_pending, "vcpu_preempted": s.vcpu_preempted, "load_avg": s.load_avg,
+                "runnable_avg": s.runnable_avg, "util_avg": s.util_avg, "util_est": s.util_est,
+                "capacity": s.capacity, "actual_capacity": s.actual_capacity,
+                "idle_exit_latency": s.idle_exit_latency, "idle_stamp": s.idle_stamp,
+                "curr_is_per_cpu_kthread": s.curr_is_per_cpu_kthread, "core_cookie": s.core_cookie
+            })
+        })
+        .collect();
+    let mut t = json!({"cpus": tcpus});
+    if !topo.numa_distance.is_empty() {
+        t["numa_distance"] = json!(
+            topo.numa_distance
+                .iter()
+                .map(|r| r.distance.clone())
+                .collect::<Vec<_>>()
+        );
+    }
+    json!({"topology": t, "cpus": cpus})
+}

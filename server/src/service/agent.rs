@@ -79,7 +79,22 @@ impl AgentService for Agent {
                 store.disconnect(&node, generation);
                 return;
             }
-            while let Ok(Some(msg)) = inbound.message().await {
+            loop {
+                let msg = match inbound.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(s) => {
+                        // Oversized or undecodable: tell the agent why the
+                        // stream ends.
+                        rejected(if s.code() == tonic::Code::OutOfRange {
+                            "oversized"
+                        } else {
+                            "transport"
+                        });
+                        let _ = tx.send(Err(s)).await;
+                        break;
+                    }
+                };
                 let ack = match msg.body {
                     Some(Body::Update(u)) => {
                         if !u.node_id.is_empty() && u.node_id != node.id {

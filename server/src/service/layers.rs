@@ -171,6 +171,29 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn requests_over_the_limit_are_shed_at_once_with_resource_exhausted() {
+        let slow = tower::service_fn(|_req: http::Request<()>| async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::from("done")))
+        });
+        let svc = ShedLayer::new(1).layer(slow);
+        let first = tokio::spawn(svc.clone().oneshot(http::Request::new(())));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let t0 = Instant::now();
+        let shed = svc.clone().oneshot(http::Request::new(())).await.unwrap();
+        assert!(t0.elapsed() < Duration::from_millis(100), "no queueing");
+        assert_eq!(shed.headers().get("grpc-status").unwrap(), "8");
+        let ok = first.await.unwrap().unwrap();
+        assert_eq!(ok.body(), "done");
+        assert!(ok.headers().get("grpc-status").is_none());
+        // The permit came back: the next request runs.
+        let again = svc.oneshot(http::Request::new(())).await.unwrap();
+        assert_eq!(again.body(), "done");
+    }
 
     #[test]
     fn method_names_drop_the_package() {

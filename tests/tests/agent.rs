@@ -1,0 +1,333 @@
+//! The real agent, server and CLI binaries together on loopback.
+
+use std::process::Command;
+use std::time::Duration;
+
+use fairplace_client::Client;
+use fairplace_e2e::{Agent, Server, bin, cli, http_get, pb, scenario_of, wait_for};
+use serde_json::{Value, json};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Waits until `node` has applied at least `seq`, and returns its view.
+async fn reported(c: &Client, node: &str, seq: u64) -> pb::GetNodeResponse {
+    for _ in 0..400 {
+        if let Ok(n) = c.get_node(node).await {
+            if n.last_seq >= seq {
+                return n;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("node {node} never reached seq {seq}");
+}
+
+fn decide_binary(scenario: &Value) -> Value {
+    let out = Command::new(bin("fairplace-server"))
+        .args(["decide", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(scenario.to_string().as_bytes())?;
+            child.wait_with_output()
+        })
+        .expect("run decide");
+    serde_json::from_slice(&out.stdout).expect("decide prints JSON")
+}
+
+#[test]
+fn pick_cpu_on_the_agents_state_equals_decide_on_the_same_scenario() {
+    let server = Server::start(&["--stale-after-ms", "600000"]);
+    // One report, then none for a minute: the state the test reads stays put.
+    let _agent = Agent::start(
+        &server.grpc,
+        &["--node-id", "real", "--interval-ms", "60000"],
+    );
+    rt().block_on(async {
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let node = reported(&c, "real", 1).await;
+        let n = node.cpus.len() as u32;
+        assert!(n >= 1);
+        let base = scenario_of(&node);
+        let busy = node.cpus.iter().find(|s| s.nr_running > 0).map(|s| s.id);
+        let mut cases: Vec<(pb::PickCpuRequest, Value)> = vec![];
+        for (this, prev, sync) in [(0, 0, false), (n - 1, 0, true), (0, n - 1, false)] {
+            cases.push((
+                pb::PickCpuRequest {
+                    node_id: "real".into(),
+                    task: Some(pb::Task {
+                        prev_cpu: Some(prev),
+                        util_avg: 100,
+                        load_avg: 150,
+                        ..Default::default()
+                    }),
+                    kind: pb::RequestKind::Wakeup as i32,
+                    this_cpu: this,
+                    sync,
+                    ..Default::default()
+                },
+                json!({"task": {"prev_cpu": prev, "util_avg": 100, "load_avg": 150},
+                       "request": {"kind": "wakeup", "this_cpu": this, "sync": sync}}),
+            ));
+        }
+        cases.push((
+            pb::PickCpuRequest {
+                node_id: "real".into(),
+                kind: pb::RequestKind::Fork as i32,
+                this_cpu: n - 1,
+                ..Default::default()
+            },
+            json!({"request": {"kind": "fork", "this_cpu": n - 1}}),
+        ));
+        if let Some(b) = busy {
+            cases.push((
+                pb::PickCpuRequest {
+                    node_id: "real".into(),
+                    kind: pb::RequestKind::Exec as i32,
+                    this_cpu: b,
+                    ..Default::default()
+                },
+                json!({"request": {"kind": "exec", "this_cpu": b}}),
+            ));
+        }
+        for (req, extra) in cases {
+            let p = c.pick_cpu(req).await.unwrap();
+            assert_eq!(
+                p.state_version,
+                node.summary.as_ref().unwrap().state_version,
+                "the state did not move"
+            );
+            let mut sc = base.clone();
+            for (k, v) in extra.as_object().unwrap() {
+                sc[k] = v.clone();
+            }
+            let d = decide_binary(&sc);
+            assert_eq!(
+                (d["cpu"].as_u64(), d["path"].as_str(), d["scanned"].as_u64()),
+                (
+                    Some(p.cpu as u64),
+                    Some(p.path.as_str()),
+                    Some(p.scanned as u64)
+                ),
+                "PickCpu and decide disagree on {sc}"
+            );
+        }
+    });
+}
+
+#[test]
+fn a_killed_agent_restarts_and_resyncs_with_a_full_snapshot() {
+    let server = Server::start(&[]);
+    let agent = Agent::start(&server.grpc, &["--node-id", "r", "--interval-ms", "50"]);
+    rt().block_on(async {
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let before = reported(&c, "r", 5).await;
+        drop(agent);
+        let mut disconnected = false;
+        for _ in 0..200 {
+            let n = c.get_node("r").await.unwrap();
+            if !n.summary.unwrap().connected {
+                disconnected = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(disconnected, "the node shows its agent gone");
+        // The node is kept (still fresh) while its agent is away.
+        assert!(
+            c.pick_cpu(pb::PickCpuRequest {
+                node_id: "r".into(),
+                task: Some(pb::Task {
+                    prev_cpu: Some(0),
+                    ..Default::default()
+                }),
+                this_cpu: 0,
+                ..Default::default()
+            })
+            .await
+            .is_ok()
+        );
+        let _agent = Agent::start(&server.grpc, &["--node-id", "r", "--interval-ms", "50"]);
+        // The new agent's sequence starts over with a full snapshot; the
+        // server accepts it and then its deltas.
+        let mut resynced = None;
+        for _ in 0..400 {
+            let n = c.get_node("r").await.unwrap();
+            let s = n.summary.clone().unwrap();
+            if s.connected && n.last_seq >= 3 && n.last_seq < before.last_seq && s.fresh {
+                resynced = Some(n);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let n = resynced.expect("resynced");
+        assert!(n.summary.unwrap().state_version > before.summary.unwrap().state_version);
+    });
+}
+
+#[test]
+fn the_cli_shows_nodes_picks_and_decides() {
+    let server = Server::start(&[]);
+    let _agent = Agent::start(
+        &server.grpc,
+        &[
+            "--node-id",
+            "cli-node",
+            "--interval-ms",
+            "100",
+            "--label",
+            "zone=z9",
+        ],
+    );
+    wait_for(Duration::from_secs(10), "the node to report", || {
+        let (code, out, _) = cli(&server.grpc, &["--json", "nodes"]);
+        (code == 0 && out.contains("\"fresh\":true")).then_some(())
+    });
+    let (code, out, err) = cli(&server.grpc, &["nodes"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("node "), "{out}");
+    assert!(
+        out.contains("cli-node") && out.contains("fresh") && out.contains("zone=z9"),
+        "{out}"
+    );
+
+    let (code, out, err) = cli(&server.grpc, &["pick", "cli-node", "--prev-cpu", "0"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines().next().unwrap().starts_with("cpu  path"),
+        "{out}"
+    );
+    let (code, out, _) = cli(
+        &server.grpc,
+        &[
+            "--json", "pick", "cli-node", "--kind", "fork", "--count", "2",
+        ],
+    );
+    assert_eq!(code, 0);
+    for line in out.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["path"], "slow_path");
+    }
+    let (code, out, _) = cli(&server.grpc, &["node", "cli-node"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("nr_running"), "{out}");
+    let (code, out, _) = cli(&server.grpc, &["features"]);
+    assert_eq!(code, 0);
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or("")
+            .split_whitespace()
+            .nth(1)
+            .map(str::to_string)
+    };
+    assert_eq!(line("EXEC_BOUND_FAST_PATH").as_deref(), Some("on"), "{out}");
+    assert_eq!(
+        line("PREFER_LAST_IDLE_CPU").as_deref(),
+        Some("off"),
+        "{out}"
+    );
+    let (code, _, err) = cli(&server.grpc, &["pick", "no-such-node"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("NotFound"), "{err}");
+
+    // decide through the server agrees with decide offline, line by line.
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../server/tests/cases/examples.jsonl"
+    );
+    let (code, online, err) = cli(&server.grpc, &["decide", file]);
+    assert_eq!(code, 0, "{err}");
+    let offline = Command::new(bin("fairplace-server"))
+        .args(["decide", file])
+        .output()
+        .unwrap();
+    assert_eq!(online, String::from_utf8(offline.stdout).unwrap());
+}
+
+#[test]
+fn metrics_show_every_documented_series_after_some_traffic() {
+    let server = Server::start(&["--claim-ttl-ms", "50"]);
+    let _agent = Agent::start(&server.grpc, &["--node-id", "m", "--interval-ms", "100"]);
+    rt().block_on(async {
+        let c = Client::connect(&server.grpc).await.unwrap();
+        reported(&c, "m", 2).await;
+        for claim in [false, true] {
+            c.pick_cpu(pb::PickCpuRequest {
+                node_id: "m".into(),
+                task: Some(pb::Task {
+                    prev_cpu: Some(0),
+                    ..Default::default()
+                }),
+                claim,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+        let _ = c
+            .pick_cpu(pb::PickCpuRequest {
+                node_id: "m".into(),
+                ..Default::default()
+            })
+            .await;
+        let n = c.get_node("m").await.unwrap().cpus.len() as u32;
+        if n > 1 {
+            c.can_migrate(pb::CanMigrateRequest {
+                node_id: "m".into(),
+                src_cpu: 0,
+                dst_cpu: 1,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+        // A rejected report, on a stream of its own.
+        let mut r = fairplace_e2e::Reporter::register(
+            &server.grpc,
+            "x",
+            fairplace_e2e::topology(1, 1, 2, 1),
+        )
+        .await
+        .unwrap();
+        let a = r.update(3, false, vec![], "x").await.unwrap();
+        assert!(a.rejection.is_some());
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    });
+    let text = http_get(&server.metrics);
+    for (name, kind, _) in fairplace::metrics::ALL {
+        assert!(
+            text.contains(&format!("# TYPE {name} {kind}")),
+            "{name} ({kind}) missing:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} has no HELP"
+        );
+    }
+    assert!(
+        text.contains("fairplace_decisions_total{kind=\"wakeup\",path="),
+        "decisions by kind and path"
+    );
+    assert!(
+        text.contains(
+            "fairplace_decision_duration_seconds_bucket{kind=\"wakeup\",le=\"0.0000001\"}"
+        ),
+        "buckets from 100 ns"
+    );
+    assert!(text.contains("fairplace_agent_reports_rejected_total{reason=\"out_of_sequence\"}"));
+    assert!(text.contains("method=\"PlacementService/PickCpu\",code=\"OK\""));
+    assert!(text.contains("method=\"PlacementService/PickCpu\",code=\"InvalidArgument\""));
+}

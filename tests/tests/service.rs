@@ -1,0 +1,498 @@
+//! The service over real loopback sockets: PickCpu against reported state,
+//! claims, staleness, and every RPC's bad input.
+
+use std::time::Duration;
+
+use fairplace_client::Client;
+use fairplace_e2e::{Reporter, Server, pb, states, topology, wait_for};
+use tonic::Code;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn wakeup(node: &str, this: u32, prev: u32, claim: bool) -> pb::PickCpuRequest {
+    pb::PickCpuRequest {
+        node_id: node.into(),
+        task: Some(pb::Task {
+            prev_cpu: Some(prev),
+            ..Default::default()
+        }),
+        kind: pb::RequestKind::Wakeup as i32,
+        this_cpu: this,
+        claim,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn pick_cpu_answers_from_the_reported_state() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let mut r = Reporter::register(&server.grpc, "n1", topology(1, 1, 4, 2))
+            .await
+            .unwrap();
+        // CPUs 0-1 (core 0) and 2 are busy; this = prev = 0 so the target is
+        // 0, busy. Idle cores exist, so select_idle_cpu walks cores from CPU
+        // 1: core {0,1} tests 0 and 1 (both busy, nothing recorded), core
+        // {2,3} tests 2 (busy) and 3 (idle: the fallback), core {4,5} tests
+        // 4 and 5, both idle: idle core 4 after 6 tests.
+        let ack = r
+            .update(1, true, states(8, &[0, 1, 2]), "n1")
+            .await
+            .unwrap();
+        assert_eq!(ack.applied_seq, 1);
+        assert!(ack.rejection.is_none());
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let p = c.pick_cpu(wakeup("n1", 0, 0, false)).await.unwrap();
+        assert_eq!((p.cpu, p.path.as_str()), (4, "idle_core"));
+        assert_eq!(p.scanned, 6);
+        assert_eq!(p.state_version, 2);
+        assert!(p.state_age_seconds >= 0.0 && p.state_age_seconds < 5.0);
+        // The same request through Decide and through the CLI-free scenario path.
+        let node = c.get_node("n1").await.unwrap();
+        let mut sc = fairplace_e2e::scenario_of(&node);
+        sc["task"] = serde_json::json!({"prev_cpu": 0});
+        sc["request"] = serde_json::json!({"kind": "wakeup", "this_cpu": 0});
+        let a: serde_json::Value =
+            serde_json::from_str(&c.decide(&sc.to_string()).await.unwrap()).unwrap();
+        assert_eq!(
+            (a["cpu"].as_u64(), a["path"].as_str(), a["scanned"].as_u64()),
+            (Some(4), Some("idle_core"), Some(6))
+        );
+    });
+}
+
+#[test]
+fn sixty_four_concurrent_claims_get_sixty_four_distinct_cpus() {
+    let server = Server::start(&["--claim-ttl-ms", "60000"]);
+    rt().block_on(async {
+        let mut r = Reporter::register(&server.grpc, "big", topology(1, 1, 32, 2))
+            .await
+            .unwrap();
+        r.update(1, true, states(64, &[]), "big").await.unwrap();
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..64u32 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                c.pick_cpu(wakeup("big", i % 64, i % 64, true)).await
+            }));
+        }
+        let mut cpus = Vec::new();
+        for t in tasks {
+            cpus.push(t.await.unwrap().unwrap().cpu);
+        }
+        cpus.sort_unstable();
+        cpus.dedup();
+        assert_eq!(
+            cpus.len(),
+            64,
+            "claims must make every answer distinct: {cpus:?}"
+        );
+        let node = c.get_node("big").await.unwrap();
+        assert_eq!(node.claims.values().sum::<u32>(), 64);
+        assert!(node.summary.unwrap().idle_cpus == 0);
+        // A report of CPU 5 supersedes its claim.
+        let ack = r
+            .update(
+                2,
+                false,
+                states(64, &[]).into_iter().filter(|s| s.id == 5).collect(),
+                "big",
+            )
+            .await
+            .unwrap();
+        assert!(ack.rejection.is_none());
+        let node = c.get_node("big").await.unwrap();
+        assert_eq!(node.claims.get(&5), None);
+        assert_eq!(node.claims.values().sum::<u32>(), 63);
+    });
+}
+
+#[test]
+fn claims_end_with_their_ttl() {
+    let server = Server::start(&["--claim-ttl-ms", "100"]);
+    rt().block_on(async {
+        let mut r = Reporter::register(&server.grpc, "n", topology(1, 1, 2, 1))
+            .await
+            .unwrap();
+        r.update(1, true, states(2, &[]), "n").await.unwrap();
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let p = c.pick_cpu(wakeup("n", 0, 0, true)).await.unwrap();
+        assert_eq!(c.get_node("n").await.unwrap().claims.get(&p.cpu), Some(&1));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(c.get_node("n").await.unwrap().claims.is_empty());
+    });
+}
+
+#[test]
+fn a_stale_node_is_refused_with_its_age_and_listed_as_stale() {
+    let server = Server::start(&["--stale-after-ms", "300"]);
+    rt().block_on(async {
+        let mut r = Reporter::register(&server.grpc, "s", topology(1, 1, 2, 1))
+            .await
+            .unwrap();
+        let c = Client::connect(&server.grpc).await.unwrap();
+        // Registered but never reported: no state to decide on.
+        let e = c.pick_cpu(wakeup("s", 0, 0, false)).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        r.update(1, true, states(2, &[]), "s").await.unwrap();
+        assert!(c.pick_cpu(wakeup("s", 0, 0, false)).await.is_ok());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let e = c.pick_cpu(wakeup("s", 0, 0, false)).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(
+            e.message().contains("stale") && e.message().contains(" s ago"),
+            "{}",
+            e.message()
+        );
+        let n = &c.list_nodes().await.unwrap()[0];
+        assert!(!n.fresh && n.connected && n.age_seconds >= 0.4);
+        // A fresh report makes it usable again.
+        r.update(2, false, vec![], "s").await.unwrap();
+        assert!(c.pick_cpu(wakeup("s", 0, 0, false)).await.is_ok());
+    });
+}
+
+#[test]
+fn bad_placement_requests_are_invalid_argument_naming_the_field() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let mut r = Reporter::register(&server.grpc, "n", topology(1, 1, 4, 1))
+            .await
+            .unwrap();
+        r.update(1, true, states(4, &[1]), "n").await.unwrap();
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let before = c.get_node("n").await.unwrap();
+        let e = c.pick_cpu(wakeup("nope", 0, 0, false)).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+        assert!(e.message().starts_with("node_id:"));
+        let check = |e: tonic::Status, field: &str| {
+            assert_eq!(e.code(), Code::InvalidArgument, "{}", e.message());
+            assert!(
+                e.message().starts_with(field),
+                "{} should name {field}",
+                e.message()
+            );
+        };
+        check(
+            c.pick_cpu(wakeup("n", 9, 0, false)).await.unwrap_err(),
+            "this_cpu:",
+        );
+        check(
+            c.pick_cpu(wakeup("n", 0, 4, false)).await.unwrap_err(),
+            "task.prev_cpu:",
+        );
+        for bad in ["", "0-9", "a", "3-1", "1,,2"] {
+            let mut req = wakeup("n", 0, 0, false);
+            req.task.as_mut().unwrap().cpus_allowed = bad.into();
+            if bad.is_empty() {
+                // Empty means every CPU: valid.
+                assert!(c.pick_cpu(req).await.is_ok());
+            } else {
+                check(c.pick_cpu(req).await.unwrap_err(), "task.cpus_allowed:");
+            }
+        }
+        let mut req = wakeup("n", 0, 0, false);
+        req.task.as_mut().unwrap().load_avg = -5;
+        check(c.pick_cpu(req).await.unwrap_err(), "task.load_avg:");
+        let mut req = wakeup("n", 0, 0, false);
+        req.task.as_mut().unwrap().uclamp_min = 2000;
+        check(c.pick_cpu(req).await.unwrap_err(), "task.uclamp_min:");
+        let mut req = wakeup("n", 0, 0, false);
+        req.task = None;
+        check(c.pick_cpu(req).await.unwrap_err(), "task.prev_cpu:");
+        let mut req = wakeup("n", 0, 0, false);
+        req.kind = 7;
+        check(c.pick_cpu(req).await.unwrap_err(), "kind:");
+        // CanMigrate and Decide.
+        let m = pb::CanMigrateRequest {
+            node_id: "n".into(),
+            src_cpu: 1,
+            dst_cpu: 1,
+            ..Default::default()
+        };
+        check(c.can_migrate(m.clone()).await.unwrap_err(), "dst_cpu:");
+        check(
+            c.can_migrate(pb::CanMigrateRequest {
+                dst_cpu: 2,
+                sd_level: "NUMA9".into(),
+                ..m.clone()
+            })
+            .await
+            .unwrap_err(),
+            "sd_level:",
+        );
+        check(
+            c.can_migrate(pb::CanMigrateRequest {
+                dst_cpu: 2,
+                flags: vec!["X".into()],
+                ..m.clone()
+            })
+            .await
+            .unwrap_err(),
+            "flags[0]:",
+        );
+        let ok = c
+            .can_migrate(pb::CanMigrateRequest { dst_cpu: 2, ..m })
+            .await
+            .unwrap();
+        assert!(
+            ok.allowed && ok.reason == "cold" || !ok.allowed,
+            "a valid check answers"
+        );
+        check(c.decide("{not json").await.unwrap_err(), "scenario_json:");
+        check(
+            c.decide(r#"{"request": {"kind": "wakeup"}}"#)
+                .await
+                .unwrap_err(),
+            "topology:",
+        );
+        // None of it touched the stored state.
+        let after = c.get_node("n").await.unwrap();
+        assert_eq!(before.cpus, after.cpus);
+        assert_eq!(
+            before.summary.unwrap().state_version,
+            after.summary.unwrap().state_version
+        );
+    });
+}
+
+#[test]
+fn bad_reports_are_rejected_and_leave_the_state_unchanged() {
+    let server = Server::start(&["--max-message-bytes", "65536"]);
+    rt().block_on(async {
+        // An inconsistent topology: core 0 in two LLCs.
+        let mut t = topology(1, 2, 1, 2);
+        t.cpus[1].llc = 1;
+        t.cpus[1].core = 0;
+        let e = Reporter::register(&server.grpc, "bad", t)
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().starts_with("register.topology.cpus[1].llc:"),
+            "{}",
+            e.message()
+        );
+        let mut t = topology(1, 1, 2, 1);
+        t.cpus[1].capacity = 5000;
+        let e = Reporter::register(&server.grpc, "bad", t)
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            e.message()
+                .starts_with("register.topology.cpus[1].capacity:"),
+            "{}",
+            e.message()
+        );
+
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let mut r = Reporter::register(&server.grpc, "n", topology(1, 1, 4, 1))
+            .await
+            .unwrap();
+        r.update(1, true, states(4, &[0]), "n").await.unwrap();
+        let before = c.get_node("n").await.unwrap();
+
+        // A delta out of sequence: rejected, resync asked.
+        let a = r.update(5, false, states(4, &[]), "n").await.unwrap();
+        let rej = a.rejection.expect("rejected");
+        assert_eq!(rej.reason, "out_of_sequence");
+        assert!(a.resync_required);
+        assert!(rej.message.starts_with("update.seq:"));
+        // Negative load, too many SCHED_IDLE tasks, a CPU out of range, a
+        // full snapshot missing CPUs: each names its field.
+        let mut s = states(4, &[]);
+        s[2].load_avg = -1;
+        let a = r.update(2, false, s, "n").await.unwrap();
+        assert!(
+            a.rejection
+                .unwrap()
+                .message
+                .starts_with("update.cpus[2].load_avg:")
+        );
+        let mut s = states(4, &[1]);
+        s[1].h_nr_idle = 3;
+        let a = r.update(2, false, s, "n").await.unwrap();
+        assert!(
+            a.rejection
+                .unwrap()
+                .message
+                .starts_with("update.cpus[1].h_nr_idle:")
+        );
+        let mut s = states(4, &[]);
+        s[3].id = 40;
+        let a = r.update(2, false, s, "n").await.unwrap();
+        assert!(
+            a.rejection
+                .unwrap()
+                .message
+                .starts_with("update.cpus[3].id:")
+        );
+        let a = r.update(2, true, states(3, &[]), "n").await.unwrap();
+        assert!(a.rejection.unwrap().message.starts_with("update.cpus:"));
+        let after = c.get_node("n").await.unwrap();
+        assert_eq!(before.cpus, after.cpus, "rejected updates change nothing");
+        assert_eq!(after.last_seq, 1);
+
+        // A report naming another node ends the stream with INVALID_ARGUMENT.
+        let e = r.update(2, false, vec![], "other").await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().starts_with("update.node_id:"),
+            "{}",
+            e.message()
+        );
+        assert_eq!(c.get_node("n").await.unwrap().cpus, before.cpus);
+
+        // An oversized message is refused by the transport.
+        let mut r = Reporter::register(&server.grpc, "n2", topology(1, 1, 4, 1))
+            .await
+            .unwrap();
+        let mut huge = states(4, &[]);
+        for i in 0..20_000 {
+            huge.push(pb::CpuState {
+                id: i,
+                ..Default::default()
+            });
+        }
+        let e = r.update(1, true, huge, "n2").await.unwrap_err();
+        assert!(
+            matches!(
+                e.code(),
+                Code::ResourceExhausted | Code::OutOfRange | Code::Internal
+            ),
+            "{e:?}"
+        );
+        let n2 = c.get_node("n2").await.unwrap();
+        assert_eq!(n2.last_seq, 0);
+    });
+}
+
+#[test]
+fn health_and_reflection_answer() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut h = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+        for svc in [
+            "",
+            "fairplace.v1.PlacementService",
+            "fairplace.v1.AgentService",
+            "fairplace.v1.AdminService",
+        ] {
+            let r = h
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: svc.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(
+                r.status,
+                tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+                "{svc}"
+            );
+        }
+        let e = h
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "nope".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+        let mut refl = ServerReflectionClient::new(ch);
+        let req = tonic_reflection::pb::v1::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut resp = refl
+            .server_reflection_info(tokio_stream::iter([req]))
+            .await
+            .unwrap()
+            .into_inner();
+        let msg = resp.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+            panic!("no service list")
+        };
+        let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        for want in [
+            "fairplace.v1.PlacementService",
+            "fairplace.v1.AgentService",
+            "fairplace.v1.AdminService",
+            "grpc.health.v1.Health",
+        ] {
+            assert!(
+                names.iter().any(|n| n == want),
+                "{want} missing from {names:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn sigterm_shuts_down_gracefully() {
+    let mut server = Server::start(&[]);
+    let addr = server.grpc.clone();
+    rt().block_on(async {
+        let c = Client::connect(&addr).await.unwrap();
+        c.ping().await.unwrap();
+    });
+    let status = server.stop();
+    assert!(status.success(), "graceful exit: {status:?}");
+    wait_for(Duration::from_secs(2), "the port to close", || {
+        std::net::TcpStream::connect(&addr).is_err().then_some(())
+    });
+}
+
+#[test]
+fn features_are_set_globally_and_per_node() {
+    let server = Server::start(&["--admin-token", "s3cret"]);
+    rt().block_on(async {
+        let mut r = Reporter::register(&server.grpc, "n", topology(1, 1, 2, 1))
+            .await
+            .unwrap();
+        r.update(1, true, states(2, &[]), "n").await.unwrap();
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let set = |node: &str, name: &str, on: bool| pb::SetFeaturesRequest {
+            node_id: node.into(),
+            set: [(name.to_string(), on)].into(),
+            clear_overrides: false,
+        };
+        // The authorization hook: SetFeatures needs the token.
+        let e = c.set_features(set("", "WA_BIAS", false)).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated);
+        let c = c.with_token(Some("s3cret".into()));
+        let g = c.set_features(set("", "WA_BIAS", false)).await.unwrap();
+        assert_eq!(g.features["WA_BIAS"], false);
+        assert_eq!(
+            c.get_features("n").await.unwrap().features["WA_BIAS"],
+            false
+        );
+        let f = c
+            .set_features(set("n", "PREFER_LAST_IDLE_CPU", true))
+            .await
+            .unwrap();
+        assert!(f.features["PREFER_LAST_IDLE_CPU"]);
+        assert_eq!(f.overridden, vec!["PREFER_LAST_IDLE_CPU".to_string()]);
+        assert!(!c.get_features("").await.unwrap().features["PREFER_LAST_IDLE_CPU"]);
+        let e = c.set_features(set("", "SIS_PROP", true)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("set.SIS_PROP:"));
+    });
+}
