@@ -18,10 +18,10 @@ fn rt() -> tokio::runtime::Runtime {
 /// Waits until `node` has applied at least `seq`, and returns its view.
 async fn reported(c: &Client, node: &str, seq: u64) -> pb::GetNodeResponse {
     for _ in 0..400 {
-        if let Ok(n) = c.get_node(node).await {
-            if n.last_seq >= seq {
-                return n;
-            }
+        if let Ok(n) = c.get_node(node).await
+            && n.last_seq >= seq
+        {
+            return n;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
