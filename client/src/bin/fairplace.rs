@@ -467,12 +467,17 @@ async fn run(cli: Cli) -> Result<(), String> {
 
 /// The main job: server, agent and a few real decisions, on defaults.
 async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), String> {
-    let grpc = tokio::net::TcpListener::bind(("127.0.0.1", grpc_port))
-        .await
-        .map_err(|e| format!("bind 127.0.0.1:{grpc_port}: {e} (try --grpc-port 0)"))?;
+    // The usual ports, or any free one when something else holds them.
+    let grpc = match tokio::net::TcpListener::bind(("127.0.0.1", grpc_port)).await {
+        Ok(l) => l,
+        Err(_) => tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .map_err(|e| format!("bind a gRPC port: {e}"))?,
+    };
     let grpc_addr = grpc.local_addr().map_err(|e| e.to_string())?;
     let probe = std::net::TcpListener::bind(("127.0.0.1", metrics_port))
-        .map_err(|e| format!("bind 127.0.0.1:{metrics_port}: {e} (try --metrics-port 0)"))?;
+        .or_else(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
+        .map_err(|e| format!("bind a metrics port: {e}"))?;
     let metrics_addr = probe.local_addr().map_err(|e| e.to_string())?;
     drop(probe);
     fairplace::service::install_metrics(metrics_addr)?;

@@ -67,17 +67,18 @@ impl Snapshot {
     }
 }
 
-/// The claims outstanding on one CPU.
-#[derive(Debug, Clone, Default)]
+/// The claims outstanding on one CPU, and its state without them.
+#[derive(Debug, Clone)]
 struct ClaimSlot {
+    base: CpuState,
     expires: Vec<Instant>,
 }
 
-/// What only writers touch, under the node's mutex.
+/// What only writers touch, under the node's mutex. The agent's state is
+/// the current snapshot's, with the claimed CPUs' saved in their slots: a
+/// node keeps one copy of its CPUs.
 #[derive(Debug)]
 struct Writer {
-    /// The agent's state of every CPU, before claims.
-    reported: Vec<CpuState>,
     claims: HashMap<u32, ClaimSlot>,
     last_seq: u64,
     /// Deltas are refused until a full snapshot arrives.
@@ -266,7 +267,7 @@ impl Store {
             .map(|c| CpuState::idle(c.capacity))
             .collect();
         let features = **self.global.load();
-        let state = NodeState::new(&topo, reported.clone(), &[], &features);
+        let state = NodeState::new(&topo, reported, &[], &features);
         let node = Arc::new(Node {
             id: id.to_string(),
             labels,
@@ -281,7 +282,6 @@ impl Store {
                 claims: Vec::new(),
             }),
             writer: Mutex::new(Writer {
-                reported,
                 claims: HashMap::new(),
                 last_seq: 0,
                 needs_full: true,
@@ -342,12 +342,8 @@ impl Store {
             )));
         }
         // The online set after the update, without touching the stored state.
-        let mut online = CpuMask::new();
-        for (i, c) in w.reported.iter().enumerate() {
-            if c.online && !seen.test(i) {
-                online.set(i);
-            }
-        }
+        let cur = node.snapshot();
+        let mut online = cur.topo.online.andnot(&seen);
         for (id, c) in &u.cpus {
             if c.online {
                 online.set(*id as usize);
@@ -359,37 +355,37 @@ impl Store {
                 "no CPU would be online",
             )));
         }
-        let cur = node.snapshot();
         let topo = if cur.topo.online == online {
             Arc::clone(&cur.topo)
         } else {
             self.topology(&node.spec, &online)
                 .map_err(Reject::Invalid)?
         };
+        let mut cpus = base_cpus(&cur, &w);
         // A report of a CPU supersedes the claims on it.
-        for (id, _) in &u.cpus {
-            w.claims.remove(id);
-        }
         for (id, c) in &u.cpus {
-            w.reported[*id as usize] = *c;
+            w.claims.remove(id);
+            cpus[*id as usize] = *c;
         }
         w.last_seq = u.seq;
         w.needs_full = false;
-        let v = self.publish(node, &w, topo, cur.features, Some(now), &cur);
+        let v = self.publish(node, &w, cpus, topo, cur.features, Some(now), &cur);
         Ok(v)
     }
 
-    /// Builds and publishes the next snapshot from the writer's state.
+    /// Builds and publishes the next snapshot: the agent's state of every
+    /// CPU (`cpus`) with the writer's claims on top.
+    #[allow(clippy::too_many_arguments)]
     fn publish(
         &self,
         node: &Node,
         w: &Writer,
+        mut cpus: Vec<CpuState>,
         topo: Arc<Topology>,
         features: Features,
         reported_at: Option<Instant>,
         cur: &Snapshot,
     ) -> u64 {
-        let mut cpus = w.reported.clone();
         let mut claims: Vec<(u32, u32)> = Vec::with_capacity(w.claims.len());
         for (&cpu, slot) in &w.claims {
             let c = &mut cpus[cpu as usize];
@@ -421,13 +417,18 @@ impl Store {
         if cur.version != version {
             return false;
         }
+        let base = cur.state.cpus[cpu];
         w.claims
             .entry(cpu as u32)
-            .or_default()
+            .or_insert_with(|| ClaimSlot {
+                base,
+                expires: Vec::new(),
+            })
             .expires
             .push(now + self.config.claim_ttl);
+        let cpus = base_cpus(&cur, &w);
         let topo = Arc::clone(&cur.topo);
-        self.publish(node, &w, topo, cur.features, None, &cur);
+        self.publish(node, &w, cpus, topo, cur.features, None, &cur);
         true
     }
 
@@ -440,6 +441,8 @@ impl Store {
                 continue;
             }
             let before: usize = w.claims.values().map(|s| s.expires.len()).sum();
+            let cur = node.snapshot();
+            let cpus = base_cpus(&cur, &w);
             for slot in w.claims.values_mut() {
                 slot.expires.retain(|&t| t > now);
             }
@@ -447,9 +450,8 @@ impl Store {
             let after: usize = w.claims.values().map(|s| s.expires.len()).sum();
             if after != before {
                 expired += before - after;
-                let cur = node.snapshot();
                 let topo = Arc::clone(&cur.topo);
-                self.publish(&node, &w, topo, cur.features, None, &cur);
+                self.publish(&node, &w, cpus, topo, cur.features, None, &cur);
             }
         }
         expired
@@ -544,9 +546,20 @@ impl Store {
             f.set(k, *v);
         }
         let cur = node.snapshot();
+        let cpus = base_cpus(&cur, &w);
         let topo = Arc::clone(&cur.topo);
-        self.publish(node, &w, topo, f, None, &cur);
+        self.publish(node, &w, cpus, topo, f, None, &cur);
     }
+}
+
+/// The agent's state of every CPU: the snapshot's, with claimed CPUs taken
+/// back to what they were before their claims.
+fn base_cpus(cur: &Snapshot, w: &Writer) -> Vec<CpuState> {
+    let mut cpus = cur.state.cpus.clone();
+    for (&cpu, slot) in &w.claims {
+        cpus[cpu as usize] = slot.base;
+    }
+    cpus
 }
 
 #[cfg(test)]

@@ -1,0 +1,101 @@
+"""An independent gRPC peer: Python stubs generated from the .proto files call
+PickCpu, Decide and the health check against the real server and agent.
+
+Run by .ci/run after `cargo test --workspace` (which builds the binaries):
+    python3 -m pytest tests/python
+FAIRPLACE_BIN_DIR overrides where the binaries are (default target/debug).
+"""
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_tools import protoc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("FAIRPLACE_BIN_DIR", os.path.join(ROOT, "target", "debug"))
+PROTOS = ["types", "agent", "placement", "admin"]
+
+
+@pytest.fixture(scope="module")
+def stubs():
+    out = tempfile.mkdtemp(prefix="fairplace-py-")
+    args = ["protoc", f"-I{os.path.join(ROOT, 'proto')}", f"--python_out={out}", f"--grpc_python_out={out}"]
+    args += [f"fairplace/v1/{p}.proto" for p in PROTOS]
+    assert protoc.main(args) == 0, "stub generation failed"
+    sys.path.insert(0, out)
+    mods = {p: importlib.import_module(f"fairplace.v1.{p}_pb2") for p in PROTOS}
+    mods.update({f"{p}_grpc": importlib.import_module(f"fairplace.v1.{p}_pb2_grpc") for p in ("placement", "admin")})
+    return mods
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = subprocess.Popen(
+        [os.path.join(BIN, "fairplace-server"), "serve", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = srv.stdout.readline()
+    grpc_addr = next(w.split("=", 1)[1] for w in line.split() if w.startswith("grpc="))
+    agent = subprocess.Popen(
+        [os.path.join(BIN, "fairplace-agent"), "--server", grpc_addr, "--node-id", "py", "--interval-ms", "200"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield grpc_addr
+    agent.terminate()
+    srv.terminate()
+    agent.wait(10)
+    srv.wait(10)
+
+
+def wait_node(stubs, channel):
+    admin = stubs["admin_grpc"].AdminServiceStub(channel)
+    for _ in range(200):
+        nodes = admin.ListNodes(stubs["admin"].ListNodesRequest(), timeout=2).nodes
+        if any(n.id == "py" and n.fresh for n in nodes):
+            return next(n for n in nodes if n.id == "py")
+        time.sleep(0.05)
+    raise AssertionError("the agent's node never became fresh")
+
+
+def test_health_check_serves(server):
+    with grpc.insecure_channel(server) as ch:
+        h = health_pb2_grpc.HealthStub(ch)
+        for svc in ("", "fairplace.v1.PlacementService"):
+            r = h.Check(health_pb2.HealthCheckRequest(service=svc), timeout=2)
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_pick_cpu_on_the_agents_node(stubs, server):
+    with grpc.insecure_channel(server) as ch:
+        node = wait_node(stubs, ch)
+        p = stubs["placement_grpc"].PlacementServiceStub(ch)
+        t = stubs["types"].Task(prev_cpu=0)
+        pl = stubs["placement"]
+        r = p.PickCpu(pl.PickCpuRequest(node_id="py", task=t, kind=pl.REQUEST_KIND_WAKEUP, this_cpu=0), timeout=2)
+        assert r.cpu < node.cpus
+        assert r.path in {"target", "prev", "recent", "idle_smt", "idle_core", "core_scan_cpu", "idle_cpu",
+                          "fallback_target", "no_llc", "per_cpu_kthread"}
+        assert r.state_version >= 2
+        r = p.PickCpu(pl.PickCpuRequest(node_id="py", kind=pl.REQUEST_KIND_FORK, this_cpu=0), timeout=2)
+        assert r.path in {"slow_path", "no_domain"}
+        with pytest.raises(grpc.RpcError) as e:
+            p.PickCpu(pl.PickCpuRequest(node_id="py", task=t, this_cpu=100000), timeout=2)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details().startswith("this_cpu:")
+
+
+def test_decide_matches_the_expected_answers(stubs, server):
+    with open(os.path.join(ROOT, "server", "tests", "cases", "examples.jsonl")) as f:
+        scenarios = [json.loads(l) for l in f if l.strip()]
+    with grpc.insecure_channel(server) as ch:
+        p = stubs["placement_grpc"].PlacementServiceStub(ch)
+        for s in scenarios:
+            a = json.loads(p.Decide(stubs["placement"].DecideRequest(scenario_json=json.dumps(s)), timeout=5).answer_json)
+            e = s["expected"]
+            keys = ["cpu", "path", "scanned"] if "cpu" in e else ["allowed", "new_dst_cpu", "flags", "reason"]
+            assert {k: a[k] for k in keys} == {k: e[k] for k in keys}, s.get("name")
