@@ -17,6 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // ourselves, for server reflection.
     std::fs::write(out.join("fairplace_descriptor.bin"), fds.encode_to_vec())?;
     tonic_prost_build::configure()
+        .codec_path("crate::codec::LeanCodec")
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;

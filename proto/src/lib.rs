@@ -2,6 +2,8 @@
 
 #![allow(clippy::all)]
 
+pub mod codec;
+
 pub mod v1 {
     tonic::include_proto!("fairplace.v1");
 }

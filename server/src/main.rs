@@ -68,6 +68,9 @@ struct ServeArgs {
     /// NUMA levels farther than this lose fork/exec balancing and wake-affine.
     #[arg(long, default_value_t = 30)]
     node_reclaim_distance: u32,
+    /// Runtime worker threads (0: one per CPU).
+    #[arg(long, default_value_t = 0)]
+    worker_threads: usize,
 }
 
 fn main() -> ExitCode {
@@ -82,7 +85,11 @@ fn main() -> ExitCode {
                 )
                 .with_writer(std::io::stderr)
                 .init();
-            let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+            let mut rt = tokio::runtime::Builder::new_multi_thread();
+            if args.worker_threads > 0 {
+                rt.worker_threads(args.worker_threads);
+            }
+            let rt = rt.enable_all().build().expect("tokio runtime");
             match rt.block_on(run_serve(args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

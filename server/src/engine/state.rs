@@ -325,3 +325,17 @@ impl Task {
         self.util_avg.max(self.util_est)
     }
 }
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn cpu_state_stays_small() {
+        // A node keeps one of these per CPU per snapshot; 10,000 nodes of
+        // 128 CPUs hold 1.28 M of them.
+        assert!(
+            std::mem::size_of::<super::CpuState>() <= 96,
+            "{}",
+            std::mem::size_of::<super::CpuState>()
+        );
+    }
+}

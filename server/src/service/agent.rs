@@ -9,8 +9,8 @@ use fairplace_proto::v1 as pb;
 use fairplace_proto::v1::agent_message::Body;
 use fairplace_proto::v1::agent_service_server::AgentService;
 use tokio::sync::mpsc;
-use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
@@ -37,7 +37,9 @@ impl AgentService for Agent {
     ) -> Result<Response<AckStream>, Status> {
         let mut inbound = req.into_inner();
         let store = Arc::clone(&self.store);
-        let (tx, rx) = mpsc::channel(32);
+        // Acks are small and the agent waits for them; errors are boxed so
+        // the channel's slot blocks stay small with thousands of streams.
+        let (tx, rx) = mpsc::channel::<Result<pb::Ack, Box<Status>>>(4);
         tokio::spawn(async move {
             let first = match inbound.message().await {
                 Ok(Some(m)) => m,
@@ -46,23 +48,29 @@ impl AgentService for Agent {
             let Some(Body::Register(reg)) = first.body else {
                 rejected("not_registered");
                 let _ = tx
-                    .send(Err(Status::invalid_argument(
+                    .send(Err(Box::new(Status::invalid_argument(
                         "body: the first message must be a Register",
-                    )))
+                    ))))
                     .await;
                 return;
             };
-            let registered = convert::topology_spec(reg.topology.as_ref(), "register.topology")
-                .and_then(|spec| {
-                    let mut labels: Vec<(String, String)> = reg.labels.into_iter().collect();
-                    labels.sort();
-                    store.register(&reg.node_id, labels, reg.agent_version, spec)
-                });
+            // Consumes the registration: the stream lives as long as the
+            // agent, and the message (its topology) must not.
+            let registered = {
+                let reg = reg;
+                convert::topology_spec(reg.topology.as_ref(), "register.topology").and_then(
+                    |spec| {
+                        let mut labels: Vec<(String, String)> = reg.labels.into_iter().collect();
+                        labels.sort();
+                        store.register(&reg.node_id, labels, reg.agent_version, spec)
+                    },
+                )
+            };
             let (node, generation) = match registered {
                 Ok(x) => x,
                 Err(e) => {
                     rejected("invalid");
-                    let _ = tx.send(Err(convert::invalid(e))).await;
+                    let _ = tx.send(Err(Box::new(convert::invalid(e)))).await;
                     return;
                 }
             };
@@ -91,7 +99,7 @@ impl AgentService for Agent {
                         } else {
                             "transport"
                         });
-                        let _ = tx.send(Err(s)).await;
+                        let _ = tx.send(Err(Box::new(s))).await;
                         break;
                     }
                 };
@@ -99,11 +107,10 @@ impl AgentService for Agent {
                     Some(Body::Update(u)) => {
                         if !u.node_id.is_empty() && u.node_id != node.id {
                             rejected("wrong_node");
-                            let _ = tx
-                                .send(Err(Status::invalid_argument(format!(
+                            let _ = tx.send(Err(Box::new(Status::invalid_argument(format!(
                                     "update.node_id: {:?} is not the node this stream registered ({:?})",
                                     u.node_id, node.id
-                                ))))
+                                )))))
                                 .await;
                             break;
                         }
@@ -140,7 +147,9 @@ impl AgentService for Agent {
                             Err(Reject::Superseded) => {
                                 rejected("superseded");
                                 let _ = tx
-                                    .send(Err(Status::aborted(Reject::Superseded.to_string())))
+                                    .send(Err(Box::new(Status::aborted(
+                                        Reject::Superseded.to_string(),
+                                    ))))
                                     .await;
                                 break;
                             }
@@ -159,10 +168,9 @@ impl AgentService for Agent {
                     }
                     Some(Body::Register(_)) => {
                         rejected("invalid");
-                        let _ = tx
-                            .send(Err(Status::invalid_argument(
+                        let _ = tx.send(Err(Box::new(Status::invalid_argument(
                                 "body: already registered; a topology change is a new registration on a new stream",
-                            )))
+                            ))))
                             .await;
                         break;
                     }
@@ -185,6 +193,8 @@ impl AgentService for Agent {
             store.disconnect(&node, generation);
             tracing::info!(node = %node.id, "agent stream ended");
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            ReceiverStream::new(rx).map(|r| r.map_err(|s| *s)),
+        )))
     }
 }

@@ -1,0 +1,526 @@
+//! Load generator for the fairplace service, on loopback only.
+//!
+//! Starts the release `fairplace-server` next to this binary on a free port,
+//! then one of:
+//! - `rpc`: PickCpu against a 128-CPU node, and in the same run the no-op
+//!   AdminService.Ping (the framework's own limit), with many concurrent
+//!   callers over several connections; throughput and p50/p99/p99.9.
+//! - `ingest`: many nodes stream deltas as fast as the server acks them;
+//!   applied CPU updates per second.
+//! - `memory`: registers many nodes with a full snapshot each and reads the
+//!   server's resident memory.
+//!
+//! Every loop is bounded in time and count and stops by itself.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use fairplace_client::{Client, pb};
+use hdrhistogram::Histogram;
+use pb::agent_message::Body;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Parser)]
+#[command(
+    name = "fairplace-load",
+    about = "load benchmarks for the fairplace service (loopback only)"
+)]
+struct Args {
+    /// Run the server on these CPUs only (taskset cpulist), e.g. 0, so it
+    /// does not share cores with the generator; empty: anywhere.
+    #[arg(long, default_value = "")]
+    server_cpus: String,
+    /// The server's runtime worker threads (0: one per CPU).
+    #[arg(long, default_value_t = 0)]
+    server_threads: usize,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// PickCpu and the no-op Ping, same server, same run.
+    Rpc {
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        /// Concurrent callers in all.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Claim the chosen CPU (a write per call).
+        #[arg(long)]
+        claim: bool,
+    },
+    /// Agent ingest: nodes stream deltas of all their CPUs.
+    Ingest {
+        #[arg(long, default_value_t = 1000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 128)]
+        cpus: u32,
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+        #[arg(long, default_value_t = 16)]
+        connections: usize,
+        /// Updates in flight per node.
+        #[arg(long, default_value_t = 2)]
+        window: usize,
+    },
+    /// Resident memory with many registered nodes.
+    Memory {
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 128)]
+        cpus: u32,
+        #[arg(long, default_value_t = 20)]
+        connections: usize,
+        /// Measure the store alone, in this process, without gRPC.
+        #[arg(long)]
+        in_process: bool,
+    },
+}
+
+struct Server {
+    child: Child,
+    grpc: String,
+}
+
+impl Server {
+    fn start(cpus: &str, threads: usize) -> Server {
+        let exe = std::env::current_exe().expect("own path");
+        let bin = exe.with_file_name("fairplace-server");
+        assert!(
+            bin.exists(),
+            "{bin:?} not found: cargo build --release -p fairplace-server first"
+        );
+        let mut cmd = if cpus.is_empty() {
+            Command::new(bin)
+        } else {
+            let mut c = Command::new("taskset");
+            c.args(["-c", cpus]).arg(bin);
+            c
+        };
+        let mut child = cmd
+            .args([
+                "serve",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--stale-after-ms",
+                "3600000",
+                "--max-concurrency",
+                "100000",
+                "--max-message-bytes",
+                "67108864",
+            ])
+            .args(["--worker-threads".to_string(), threads.to_string()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let grpc = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("grpc="))
+            .expect("grpc address")
+            .to_string();
+        Server { child, grpc }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn channel(addr: &str) -> Channel {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// 2 NUMA nodes x 1 LLC x (cpus/4) cores x SMT2.
+fn topology(cpus: u32) -> pb::Topology {
+    let per_node = cpus / 2;
+    pb::Topology {
+        cpus: (0..cpus)
+            .map(|i| pb::CpuTopology {
+                id: i,
+                core: i / 2,
+                cluster: None,
+                llc: i / per_node,
+                node: i / per_node,
+                capacity: 1024,
+            })
+            .collect(),
+        numa_distance: vec![],
+    }
+}
+
+fn states(cpus: u32, seed: u64) -> Vec<pb::CpuState> {
+    let mut x = seed | 1;
+    (0..cpus)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let busy = x % 2 == 0;
+            let util = if busy { 400 + (x % 600) as i64 } else { 0 };
+            pb::CpuState {
+                id: i,
+                online: true,
+                nr_running: busy as u32,
+                load_avg: util,
+                runnable_avg: util,
+                util_avg: util,
+                util_est: util,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// A node's stream: register, then send updates and count acks.
+struct NodeStream {
+    tx: mpsc::Sender<pb::AgentMessage>,
+    acks: tonic::Streaming<pb::Ack>,
+}
+
+async fn register(ch: Channel, id: &str, cpus: u32) -> NodeStream {
+    let mut client = pb::agent_service_client::AgentServiceClient::new(ch)
+        .max_encoding_message_size(64 << 20)
+        .max_decoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::channel(64);
+    tx.send(pb::AgentMessage {
+        body: Some(Body::Register(pb::Register {
+            node_id: id.into(),
+            labels: Default::default(),
+            topology: Some(topology(cpus)),
+            agent_version: "load".into(),
+        })),
+    })
+    .await
+    .unwrap();
+    let mut acks = client
+        .report(ReceiverStream::new(rx))
+        .await
+        .expect("report")
+        .into_inner();
+    acks.message().await.expect("ack").expect("registered");
+    NodeStream { tx, acks }
+}
+
+fn update(seq: u64, full: bool, cpus: Vec<pb::CpuState>) -> pb::AgentMessage {
+    pb::AgentMessage {
+        body: Some(Body::Update(pb::Update {
+            seq,
+            full,
+            cpus,
+            agent_time_ns: 0,
+            node_id: String::new(),
+        })),
+    }
+}
+
+fn own_rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The store's own footprint: the same registrations, no transport.
+fn memory_in_process(nodes: usize, cpus: u32) {
+    use fairplace::store::{Store, StoreConfig, Update};
+    let base = own_rss_kib();
+    let store = Store::new(StoreConfig::default());
+    let spec = fairplace::service::convert::topology_spec(Some(&topology(cpus)), "t").unwrap();
+    let now = Instant::now();
+    for i in 0..nodes {
+        let (n, g) = store
+            .register(&format!("mem-{i}"), vec![], "load".into(), spec.clone())
+            .unwrap();
+        let u = Update {
+            seq: 1,
+            full: true,
+            cpus: states(cpus, i as u64 + 1)
+                .iter()
+                .map(|c| (c.id, fairplace::service::convert::cpu_state(c, 1024)))
+                .collect(),
+        };
+        store.apply(&n, g, &u, now).unwrap();
+    }
+    let rss = own_rss_kib();
+    println!(
+        "memory (store alone, in process): {:.1} MiB for {} nodes x {cpus} CPUs; {:.1} KiB per node",
+        rss.saturating_sub(base) as f64 / 1024.0,
+        store.len(),
+        rss.saturating_sub(base) as f64 / nodes as f64
+    );
+}
+
+fn pct(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let server = Server::start(&args.server_cpus, args.server_threads);
+    match args.cmd {
+        Cmd::Rpc {
+            seconds,
+            connections,
+            concurrency,
+            claim,
+        } => rpc(&server, seconds, connections, concurrency, claim).await,
+        Cmd::Ingest {
+            nodes,
+            cpus,
+            seconds,
+            connections,
+            window,
+        } => ingest(&server, nodes, cpus, seconds, connections, window).await,
+        Cmd::Memory {
+            nodes,
+            cpus,
+            in_process: true,
+            ..
+        } => memory_in_process(nodes, cpus),
+        Cmd::Memory {
+            nodes,
+            cpus,
+            connections,
+            in_process: false,
+        } => memory(&server, nodes, cpus, connections).await,
+    }
+}
+
+async fn rpc(server: &Server, seconds: u64, connections: usize, concurrency: usize, claim: bool) {
+    let mut reporter = register(channel(&server.grpc).await, "load", 128).await;
+    reporter
+        .tx
+        .send(update(1, true, states(128, 7)))
+        .await
+        .unwrap();
+    reporter.acks.message().await.unwrap().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(Client::from_channel(channel(&server.grpc).await));
+    }
+    println!(
+        "# fairplace-load rpc: {connections} connections, {concurrency} callers, {seconds} s per phase"
+    );
+    let mut results = Vec::new();
+    for phase in ["ping", "pick_cpu"] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for i in 0..concurrency {
+            let c = clients[i % connections].clone();
+            let stop = Arc::clone(&stop);
+            tasks.push(tokio::spawn(async move {
+                let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+                let mut errors = 0u64;
+                let this = (i % 128) as u32;
+                let req = pb::PickCpuRequest {
+                    node_id: "load".into(),
+                    task: Some(pb::Task {
+                        prev_cpu: Some((this + 17) % 128),
+                        util_avg: 150,
+                        load_avg: 200,
+                        ..Default::default()
+                    }),
+                    kind: pb::RequestKind::Wakeup as i32,
+                    this_cpu: this,
+                    claim,
+                    ..Default::default()
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    let ok = if phase == "ping" {
+                        c.ping().await.is_ok()
+                    } else {
+                        c.pick_cpu(req.clone()).await.is_ok()
+                    };
+                    if ok {
+                        h.record(t0.elapsed().as_nanos() as u64).unwrap();
+                    } else {
+                        errors += 1;
+                    }
+                }
+                (h, errors)
+            }));
+        }
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+        let mut errors = 0;
+        for t in tasks {
+            let (h, e) = t.await.unwrap();
+            all.add(h).unwrap();
+            errors += e;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let rps = all.len() as f64 / secs;
+        println!(
+            "{phase}: {:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, errors {errors}",
+            rps,
+            pct(&all, 0.5),
+            pct(&all, 0.99),
+            pct(&all, 0.999)
+        );
+        results.push(rps);
+    }
+    println!("pick_cpu / ping throughput: {:.2}", results[1] / results[0]);
+}
+
+async fn ingest(
+    server: &Server,
+    nodes: usize,
+    cpus: u32,
+    seconds: u64,
+    connections: usize,
+    window: usize,
+) {
+    let mut chans = Vec::new();
+    for _ in 0..connections {
+        chans.push(channel(&server.grpc).await);
+    }
+    let mut streams = Vec::new();
+    for i in 0..nodes {
+        let mut s = register(chans[i % connections].clone(), &format!("ingest-{i}"), cpus).await;
+        s.tx.send(update(1, true, states(cpus, i as u64 + 1)))
+            .await
+            .unwrap();
+        s.acks.message().await.unwrap().unwrap();
+        streams.push(s);
+    }
+    println!(
+        "# fairplace-load ingest: {nodes} nodes x {cpus} CPUs over {connections} connections, window {window}, {seconds} s"
+    );
+    let applied = Arc::new(AtomicU64::new(0));
+    let rejected = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (i, mut s) in streams.into_iter().enumerate() {
+        let applied = Arc::clone(&applied);
+        let rejected = Arc::clone(&rejected);
+        let stop = Arc::clone(&stop);
+        tasks.push(tokio::spawn(async move {
+            // Two alternating states, so every delta changes every CPU.
+            let a = states(cpus, i as u64 + 11);
+            let b = states(cpus, i as u64 + 12);
+            let mut seq = 1u64;
+            let mut in_flight = 0;
+            while !stop.load(Ordering::Relaxed) {
+                while in_flight < window {
+                    seq += 1;
+                    let body = if seq % 2 == 0 { a.clone() } else { b.clone() };
+                    if s.tx.send(update(seq, false, body)).await.is_err() {
+                        return;
+                    }
+                    in_flight += 1;
+                }
+                match s.acks.message().await {
+                    Ok(Some(ack)) => {
+                        in_flight -= 1;
+                        if ack.rejection.is_some() {
+                            rejected.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            applied.fetch_add(cpus as u64, Ordering::Relaxed);
+                        }
+                    }
+                    _ => return,
+                }
+            }
+        }));
+    }
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let n = applied.load(Ordering::Relaxed);
+    let secs = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    println!(
+        "ingest: {:.0} CPU updates/s ({:.0} updates/s of {cpus} CPUs), rejected {}",
+        n as f64 / secs,
+        n as f64 / secs / cpus as f64,
+        rejected.load(Ordering::Relaxed)
+    );
+    for t in tasks {
+        t.abort();
+    }
+}
+
+async fn memory(server: &Server, nodes: usize, cpus: u32, connections: usize) {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let base = server.rss_kib();
+    let mut chans = Vec::new();
+    for _ in 0..connections {
+        chans.push(channel(&server.grpc).await);
+    }
+    let t0 = Instant::now();
+    // Register and report in batches; the streams stay open (connected nodes).
+    let mut streams = Vec::with_capacity(nodes);
+    for i in 0..nodes {
+        let mut s = register(chans[i % connections].clone(), &format!("mem-{i}"), cpus).await;
+        s.tx.send(update(1, true, states(cpus, i as u64 + 1)))
+            .await
+            .unwrap();
+        s.acks.message().await.unwrap().unwrap();
+        streams.push(s);
+    }
+    let took = t0.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss = server.rss_kib();
+    let c = Client::from_channel(chans[0].clone());
+    let listed = c.list_nodes().await.map(|n| n.len()).unwrap_or(0);
+    println!(
+        "# fairplace-load memory: {nodes} nodes x {cpus} CPUs, each registered with one full snapshot"
+    );
+    println!(
+        "memory: server RSS {:.1} MiB with {listed} nodes and their agent streams open (empty server {:.1} MiB); {:.1} KiB per node; registration took {:.1} s",
+        rss as f64 / 1024.0,
+        base as f64 / 1024.0,
+        rss.saturating_sub(base) as f64 / nodes as f64,
+        took.as_secs_f64()
+    );
+    // The nodes stay registered (until the forget TTL) after their agents go.
+    drop(streams);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss = server.rss_kib();
+    let listed = c.list_nodes().await.map(|n| n.len()).unwrap_or(0);
+    println!(
+        "memory: server RSS {:.1} MiB with {listed} nodes registered and their streams closed; {:.1} KiB per node",
+        rss as f64 / 1024.0,
+        rss.saturating_sub(base) as f64 / nodes as f64
+    );
+}
