@@ -27,6 +27,18 @@ fn rejected(reason: &'static str) {
     metrics::counter!(m::REPORTS_REJECTED, "reason" => reason).increment(1);
 }
 
+/// Registers the stream's node. Takes the message by value: the stream lives
+/// as long as the agent, and the registration (its topology) must not.
+fn register(
+    store: &Store,
+    reg: pb::Register,
+) -> Result<(Arc<crate::store::Node>, u64), crate::engine::topology::FieldError> {
+    let spec = convert::topology_spec(reg.topology.as_ref(), "register.topology")?;
+    let mut labels: Vec<(String, String)> = reg.labels.into_iter().collect();
+    labels.sort();
+    store.register(&reg.node_id, labels, reg.agent_version, spec)
+}
+
 #[tonic::async_trait]
 impl AgentService for Agent {
     type ReportStream = AckStream;
@@ -54,18 +66,7 @@ impl AgentService for Agent {
                     .await;
                 return;
             };
-            // Consumes the registration: the stream lives as long as the
-            // agent, and the message (its topology) must not.
-            let registered = {
-                let reg = reg;
-                convert::topology_spec(reg.topology.as_ref(), "register.topology").and_then(
-                    |spec| {
-                        let mut labels: Vec<(String, String)> = reg.labels.into_iter().collect();
-                        labels.sort();
-                        store.register(&reg.node_id, labels, reg.agent_version, spec)
-                    },
-                )
-            };
+            let registered = register(&store, reg);
             let (node, generation) = match registered {
                 Ok(x) => x,
                 Err(e) => {
