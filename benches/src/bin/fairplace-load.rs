@@ -190,7 +190,7 @@ fn states(cpus: u32, seed: u64) -> Vec<pb::CpuState> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let busy = x % 2 == 0;
+            let busy = x.is_multiple_of(2);
             let util = if busy { 400 + (x % 600) as i64 } else { 0 };
             pb::CpuState {
                 id: i,
@@ -444,7 +444,11 @@ async fn ingest(
             while !stop.load(Ordering::Relaxed) {
                 while in_flight < window {
                     seq += 1;
-                    let body = if seq % 2 == 0 { a.clone() } else { b.clone() };
+                    let body = if seq.is_multiple_of(2) {
+                        a.clone()
+                    } else {
+                        b.clone()
+                    };
                     if s.tx.send(update(seq, false, body)).await.is_err() {
                         return;
                     }
