@@ -22,10 +22,16 @@ pub const REPORT_APPLY_DURATION: &str = "fairplace_report_apply_duration_seconds
 pub const CLAIMS_OUTSTANDING: &str = "fairplace_claims_outstanding";
 pub const CLAIMS_EXPIRED: &str = "fairplace_claims_expired_total";
 pub const CLAIM_RETRIES: &str = "fairplace_claim_retries_total";
+pub const NODE_IDLE_CPUS: &str = "fairplace_node_idle_cpus";
+pub const NODE_NR_RUNNING: &str = "fairplace_node_nr_running";
+pub const NODE_SCHED_IDLE_CPUS: &str = "fairplace_node_sched_idle_cpus";
+pub const NODE_LLC_UTIL: &str = "fairplace_node_llc_util";
+pub const NODE_STATE_AGE: &str = "fairplace_node_state_age_seconds";
+pub const NODE_DECISIONS: &str = "fairplace_node_decisions_total";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 16] = [
+pub const ALL: [(&str, &str, &str); 22] = [
     (
         DECISIONS,
         "counter",
@@ -106,6 +112,12 @@ pub const ALL: [(&str, &str, &str); 16] = [
         "counter",
         "Claimed placements decided again because the node changed under them.",
     ),
+    (NODE_IDLE_CPUS, "gauge", "Online CPUs of a node whose runqueue is idle (available_idle_cpu), by node."),
+    (NODE_NR_RUNNING, "gauge", "Runnable tasks on a node (sum of nr_running), by node."),
+    (NODE_SCHED_IDLE_CPUS, "gauge", "CPUs of a node running only SCHED_IDLE work, by node."),
+    (NODE_LLC_UTIL, "gauge", "Average util_avg (0..1024) of an LLC's online CPUs, by node and LLC."),
+    (NODE_STATE_AGE, "gauge", "Seconds since a node's last applied agent report, by node."),
+    (NODE_DECISIONS, "counter", "Placement decisions made on a node, by node and request kind."),
 ];
 
 const LATENCY_BUCKETS: [f64; 16] = [

@@ -154,16 +154,45 @@ async fn housekeeping(store: Arc<Store>) {
             store.forget_stale(now);
             let (mut fresh, mut stale) = (0usize, 0usize);
             for n in store.nodes() {
-                if store.is_fresh(&n.snapshot(), now) {
+                let snap = n.snapshot();
+                if store.is_fresh(&snap, now) {
                     fresh += 1;
                 } else {
                     stale += 1;
                 }
+                node_gauges(&n.id, &snap, now);
             }
             metrics::gauge!(m::NODES, "freshness" => "fresh").set(fresh as f64);
             metrics::gauge!(m::NODES, "freshness" => "stale").set(stale as f64);
             metrics::gauge!(m::CLAIMS_OUTSTANDING).set(store.claims_outstanding() as f64);
         }
+    }
+}
+
+/// The per-node series of the node drill-down dashboard.
+fn node_gauges(id: &str, snap: &crate::store::Snapshot, now: Instant) {
+    let node = id.to_string();
+    let (mut idle, mut running, mut sched_idle) = (0u64, 0u64, 0u64);
+    let mut llc: std::collections::BTreeMap<u32, (i64, i64)> = Default::default();
+    for (i, c) in snap.state.cpus.iter().enumerate() {
+        if !c.online {
+            continue;
+        }
+        idle += c.available_idle() as u64;
+        running += c.nr_running as u64;
+        sched_idle += c.sched_idle_rq() as u64;
+        let e = llc.entry(snap.topo.spec.cpus[i].llc).or_default();
+        e.0 += c.util_avg;
+        e.1 += 1;
+    }
+    metrics::gauge!(m::NODE_IDLE_CPUS, "node" => node.clone()).set(idle as f64);
+    metrics::gauge!(m::NODE_NR_RUNNING, "node" => node.clone()).set(running as f64);
+    metrics::gauge!(m::NODE_SCHED_IDLE_CPUS, "node" => node.clone()).set(sched_idle as f64);
+    for (l, (sum, n)) in llc {
+        metrics::gauge!(m::NODE_LLC_UTIL, "node" => node.clone(), "llc" => l.to_string()).set((sum / n.max(1)) as f64);
+    }
+    if let Some(age) = snap.age(now) {
+        metrics::gauge!(m::NODE_STATE_AGE, "node" => node).set(age.as_secs_f64());
     }
 }
 
