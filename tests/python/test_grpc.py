@@ -5,43 +5,21 @@ Run by .ci/run after `cargo test --workspace` (which builds the binaries):
     python3 -m pytest tests/python
 FAIRPLACE_BIN_DIR overrides where the binaries are (default target/debug).
 """
-import importlib
 import json
 import os
 import subprocess
-import sys
-import tempfile
 import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_tools import protoc
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.environ.get("FAIRPLACE_BIN_DIR", os.path.join(ROOT, "target", "debug"))
-PROTOS = ["types", "agent", "placement", "admin"]
-
-
-@pytest.fixture(scope="module")
-def stubs():
-    out = tempfile.mkdtemp(prefix="fairplace-py-")
-    args = ["protoc", f"-I{os.path.join(ROOT, 'proto')}", f"--python_out={out}", f"--grpc_python_out={out}"]
-    args += [f"fairplace/v1/{p}.proto" for p in PROTOS]
-    assert protoc.main(args) == 0, "stub generation failed"
-    sys.path.insert(0, out)
-    mods = {p: importlib.import_module(f"fairplace.v1.{p}_pb2") for p in PROTOS}
-    mods.update({f"{p}_grpc": importlib.import_module(f"fairplace.v1.{p}_pb2_grpc") for p in ("placement", "admin")})
-    return mods
+from conftest import BIN, ROOT, start_server
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = subprocess.Popen(
-        [os.path.join(BIN, "fairplace-server"), "serve", "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = srv.stdout.readline()
-    grpc_addr = next(w.split("=", 1)[1] for w in line.split() if w.startswith("grpc="))
+    srv, grpc_addr, _ = start_server()
     agent = subprocess.Popen(
         [os.path.join(BIN, "fairplace-agent"), "--server", grpc_addr, "--node-id", "py", "--interval-ms", "200"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
