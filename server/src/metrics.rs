@@ -112,12 +112,36 @@ pub const ALL: [(&str, &str, &str); 22] = [
         "counter",
         "Claimed placements decided again because the node changed under them.",
     ),
-    (NODE_IDLE_CPUS, "gauge", "Online CPUs of a node whose runqueue is idle (available_idle_cpu), by node."),
-    (NODE_NR_RUNNING, "gauge", "Runnable tasks on a node (sum of nr_running), by node."),
-    (NODE_SCHED_IDLE_CPUS, "gauge", "CPUs of a node running only SCHED_IDLE work, by node."),
-    (NODE_LLC_UTIL, "gauge", "Average util_avg (0..1024) of an LLC's online CPUs, by node and LLC."),
-    (NODE_STATE_AGE, "gauge", "Seconds since a node's last applied agent report, by node."),
-    (NODE_DECISIONS, "counter", "Placement decisions made on a node, by node and request kind."),
+    (
+        NODE_IDLE_CPUS,
+        "gauge",
+        "Online CPUs of a node whose runqueue is idle (available_idle_cpu), by node.",
+    ),
+    (
+        NODE_NR_RUNNING,
+        "gauge",
+        "Runnable tasks on a node (sum of nr_running), by node.",
+    ),
+    (
+        NODE_SCHED_IDLE_CPUS,
+        "gauge",
+        "CPUs of a node running only SCHED_IDLE work, by node.",
+    ),
+    (
+        NODE_LLC_UTIL,
+        "gauge",
+        "Average util_avg (0..1024) of an LLC's online CPUs, by node and LLC.",
+    ),
+    (
+        NODE_STATE_AGE,
+        "gauge",
+        "Seconds since a node's last applied agent report, by node.",
+    ),
+    (
+        NODE_DECISIONS,
+        "counter",
+        "Placement decisions made on a node, by node and request kind.",
+    ),
 ];
 
 const LATENCY_BUCKETS: [f64; 16] = [

@@ -9,6 +9,9 @@ fn the_readme_documents_every_metric() {
             .lines()
             .find(|l| l.starts_with(&format!("| `{name}` |")))
             .unwrap_or_else(|| panic!("README has no row for {name}"));
-        assert!(row.contains(&format!("| {kind} |")), "{name} is a {kind}: {row}");
+        assert!(
+            row.contains(&format!("| {kind} |")),
+            "{name} is a {kind}: {row}"
+        );
     }
 }

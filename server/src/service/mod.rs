@@ -189,7 +189,8 @@ fn node_gauges(id: &str, snap: &crate::store::Snapshot, now: Instant) {
     metrics::gauge!(m::NODE_NR_RUNNING, "node" => node.clone()).set(running as f64);
     metrics::gauge!(m::NODE_SCHED_IDLE_CPUS, "node" => node.clone()).set(sched_idle as f64);
     for (l, (sum, n)) in llc {
-        metrics::gauge!(m::NODE_LLC_UTIL, "node" => node.clone(), "llc" => l.to_string()).set((sum / n.max(1)) as f64);
+        metrics::gauge!(m::NODE_LLC_UTIL, "node" => node.clone(), "llc" => l.to_string())
+            .set((sum / n.max(1)) as f64);
     }
     if let Some(age) = snap.age(now) {
         metrics::gauge!(m::NODE_STATE_AGE, "node" => node).set(age.as_secs_f64());

@@ -91,7 +91,8 @@ impl PlacementService for Placement {
                 .record(p.scanned as f64);
             metrics::histogram!(m::DECISION_DURATION, "kind" => kind).record(took);
             metrics::histogram!(m::DECISION_STATE_AGE).record(age);
-            metrics::counter!(m::NODE_DECISIONS, "node" => node.id.clone(), "kind" => kind).increment(1);
+            metrics::counter!(m::NODE_DECISIONS, "node" => node.id.clone(), "kind" => kind)
+                .increment(1);
             return Ok(Response::new(convert::pick_response(&p, &snap, age)));
         }
     }
