@@ -69,8 +69,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let a = Args::parse();
     if let Some(addr) = a.metrics_addr {
+        let buckets = [
+            1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5,
+        ];
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
+            .set_buckets(&buckets)?
             .install()?;
         metrics::describe_counter!(
             "fairplace_agent_updates_sent_total",
