@@ -41,6 +41,22 @@ impl Client {
         Ok(Self::from_channel(channel))
     }
 
+    /// A client whose connection is made on first use (and remade after a
+    /// failure), so calls made before the server is up fail UNAVAILABLE
+    /// and are retried.
+    pub fn connect_lazy(addr: &str) -> Result<Client, tonic::transport::Error> {
+        let uri = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        let channel = Endpoint::from_shared(uri)?
+            .connect_timeout(Duration::from_millis(500))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        Ok(Self::from_channel(channel))
+    }
+
     pub fn from_channel(channel: Channel) -> Client {
         Client {
             placement: PlacementServiceClient::new(channel.clone()),

@@ -24,6 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Serve the gRPC API (agents report, orchestrators ask) and /metrics.
+    #[command(args_override_self = true)]
     Serve(ServeArgs),
     /// Decide scenarios (one JSON object, a JSON array, or JSON Lines) and
     /// print one decision per scenario as JSON Lines.

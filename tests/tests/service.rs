@@ -495,3 +495,35 @@ fn features_are_set_globally_and_per_node() {
         assert!(e.message().starts_with("set.SIS_PROP:"));
     });
 }
+
+#[test]
+fn the_client_retries_while_the_server_is_unavailable() {
+    // Reserve a port, then start the server on it only after the first call.
+    fairplace_e2e::bin("fairplace-server");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    rt().block_on(async {
+        let mut c = Client::connect_lazy(&addr).unwrap();
+        c.attempts = 1;
+        let e = c.ping().await.unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "nothing listens yet");
+        let e = c.list_nodes().await.unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "one attempt gives up at once");
+        let starter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            Server::start(&["--grpc-addr", &format!("127.0.0.1:{port}")])
+        });
+        // 20 + 40 + 80 + 160 + 320 ms of backoff cover the server's start.
+        c.attempts = 8;
+        let nodes = c
+            .list_nodes()
+            .await
+            .expect("retried until the server came up");
+        assert!(nodes.is_empty());
+        drop(starter.join().unwrap());
+    });
+}
