@@ -28,10 +28,12 @@ pub const NODE_SCHED_IDLE_CPUS: &str = "fairplace_node_sched_idle_cpus";
 pub const NODE_LLC_UTIL: &str = "fairplace_node_llc_util";
 pub const NODE_STATE_AGE: &str = "fairplace_node_state_age_seconds";
 pub const NODE_DECISIONS: &str = "fairplace_node_decisions_total";
+pub const CLUSTER_DECISIONS: &str = "fairplace_cluster_decisions_total";
+pub const CLUSTER_GROUPS_COMPARED: &str = "fairplace_cluster_groups_compared";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 22] = [
+pub const ALL: [(&str, &str, &str); 24] = [
     (
         DECISIONS,
         "counter",
@@ -142,6 +144,16 @@ pub const ALL: [(&str, &str, &str); 22] = [
         "counter",
         "Placement decisions made on a node, by node and request kind.",
     ),
+    (
+        CLUSTER_DECISIONS,
+        "counter",
+        "Placements with no node, by the highest cluster level where the choice left the local group.",
+    ),
+    (
+        CLUSTER_GROUPS_COMPARED,
+        "histogram",
+        "Groups and nodes compared by one cluster placement.",
+    ),
 ];
 
 const LATENCY_BUCKETS: [f64; 16] = [
@@ -184,6 +196,7 @@ fn builder() -> Result<PrometheusBuilder, String> {
     let b = set(b, DECISION_DURATION, &LATENCY_BUCKETS)?;
     let b = set(b, RPC_DURATION, &LATENCY_BUCKETS)?;
     let b = set(b, REPORT_APPLY_DURATION, &LATENCY_BUCKETS)?;
+    let b = set(b, CLUSTER_GROUPS_COMPARED, &SCANNED_BUCKETS)?;
     set(b, DECISION_STATE_AGE, &AGE_BUCKETS)
 }
 

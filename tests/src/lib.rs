@@ -188,6 +188,16 @@ impl Reporter {
         node_id: &str,
         topology: pb::Topology,
     ) -> Result<Reporter, tonic::Status> {
+        Self::register_labelled(server, node_id, topology, &[("zone", "z1")]).await
+    }
+
+    /// Like `register`, with the given labels.
+    pub async fn register_labelled(
+        server: &str,
+        node_id: &str,
+        topology: pb::Topology,
+        labels: &[(&str, &str)],
+    ) -> Result<Reporter, tonic::Status> {
         let ch = tonic::transport::Endpoint::from_shared(format!("http://{server}"))
             .unwrap()
             .connect()
@@ -198,7 +208,10 @@ impl Reporter {
         tx.send(pb::AgentMessage {
             body: Some(Body::Register(pb::Register {
                 node_id: node_id.into(),
-                labels: [("zone".to_string(), "z1".to_string())].into(),
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
                 topology: Some(topology),
                 agent_version: "test".into(),
             })),

@@ -527,3 +527,81 @@ fn the_client_retries_while_the_server_is_unavailable() {
         drop(starter.join().unwrap());
     });
 }
+
+#[test]
+fn pick_cpu_without_a_node_places_on_the_cluster() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        // Zone a: 8 CPUs, 6 busy; zone b: 8 CPUs, 1 busy.
+        let mut a = Reporter::register_labelled(
+            &server.grpc,
+            "a1",
+            topology(1, 1, 4, 2),
+            &[("zone", "a"), ("rack", "r")],
+        )
+        .await
+        .unwrap();
+        a.update(1, true, states(8, &[0, 1, 2, 3, 4, 5]), "a1")
+            .await
+            .unwrap();
+        let mut b = Reporter::register_labelled(
+            &server.grpc,
+            "b1",
+            topology(1, 1, 4, 2),
+            &[("zone", "b"), ("rack", "r")],
+        )
+        .await
+        .unwrap();
+        b.update(1, true, states(8, &[0]), "b1").await.unwrap();
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let req = pb::PickCpuRequest {
+            kind: pb::RequestKind::Fork as i32,
+            ..Default::default()
+        };
+        let p = c.pick_cpu(req.clone()).await.unwrap();
+        assert_eq!(p.node_id, "b1", "the idler zone");
+        assert_eq!(p.cluster_level, "top");
+        assert_eq!(p.path, "slow_path");
+        assert_ne!(p.cpu, 0, "CPU 0 of b1 is busy");
+        assert!(
+            p.groups_compared >= 3,
+            "2 zones + 1 rack + 1 node at least: {}",
+            p.groups_compared
+        );
+        // A selector on the zone.
+        let mut sel = req.clone();
+        sel.selector = [("zone".to_string(), "a".to_string())].into();
+        assert_eq!(c.pick_cpu(sel).await.unwrap().node_id, "a1");
+        // Only hierarchy labels select.
+        let mut bad = req.clone();
+        bad.selector = [("gpu".to_string(), "yes".to_string())].into();
+        let e = c.pick_cpu(bad).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("selector.gpu:"), "{}", e.message());
+        // A wakeup naming its previous node stays there while it is fresh.
+        let w = pb::PickCpuRequest {
+            kind: pb::RequestKind::Wakeup as i32,
+            prev_node: "a1".into(),
+            task: Some(pb::Task {
+                prev_cpu: Some(0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let p = c.pick_cpu(w).await.unwrap();
+        assert_eq!(
+            (p.node_id.as_str(), p.cluster_level.as_str()),
+            ("a1", "prev_node")
+        );
+        // No node has CPU 100.
+        let mut far = req.clone();
+        far.task = Some(pb::Task {
+            cpus_allowed: "100".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            c.pick_cpu(far).await.unwrap_err().code(),
+            Code::FailedPrecondition
+        );
+    });
+}

@@ -286,6 +286,9 @@ pub fn pick_response(p: &Placement, snap: &Snapshot, age_seconds: f64) -> pb::Pi
             .map(|a| a.as_str().to_string())
             .unwrap_or_default(),
         nr_idle_scan: p.detail.nr_idle_scan,
+        node_id: String::new(),
+        cluster_level: String::new(),
+        groups_compared: 0,
     }
 }
 

@@ -151,6 +151,7 @@ async fn housekeeping(store: Arc<Store>) {
         }
         if now.duration_since(last_gauges) >= Duration::from_millis(500) {
             last_gauges = now;
+            store.uncount_stale(now);
             store.forget_stale(now);
             let (mut fresh, mut stale) = (0usize, 0usize);
             for n in store.nodes() {

@@ -9,6 +9,8 @@ use fairplace_proto::v1::placement_service_server::PlacementService;
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use crate::cluster::ClusterRequest;
+use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::{View, can_migrate_task, select_task_rq};
 use crate::metrics as m;
 use crate::scenario::decide_value;
@@ -23,6 +25,138 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// A placement on one node, against its live state; with `claim`, decided
+    /// again until the claim commits on the snapshot it was decided on.
+    async fn pick_on(
+        &self,
+        node: &Node,
+        r: &pb::PickCpuRequest,
+    ) -> Result<pb::PickCpuResponse, Status> {
+        let mut attempt = 0;
+        loop {
+            let now = Instant::now();
+            let (snap, age) = self.fresh_snapshot(node, now)?;
+            let (task, preq) = convert::pick_request(r, &snap).map_err(convert::invalid)?;
+            let view = View {
+                topo: &snap.topo,
+                state: &snap.state,
+                features: &snap.features,
+                system: &self.store.config.system,
+            };
+            let t0 = Instant::now();
+            let p = select_task_rq(view, &task, &preq);
+            let took = t0.elapsed().as_secs_f64();
+            if r.claim && !self.store.try_claim(node, snap.version, p.cpu, now) {
+                attempt += 1;
+                metrics::counter!(m::CLAIM_RETRIES).increment(1);
+                if attempt >= CLAIM_ATTEMPTS {
+                    tokio::task::yield_now().await;
+                }
+                continue;
+            }
+            let kind = preq.kind.as_str();
+            let path = p.path.as_str();
+            metrics::counter!(m::DECISIONS, "kind" => kind, "path" => path).increment(1);
+            metrics::histogram!(m::DECISION_SCANNED, "kind" => kind, "path" => path)
+                .record(p.scanned as f64);
+            metrics::histogram!(m::DECISION_DURATION, "kind" => kind).record(took);
+            metrics::histogram!(m::DECISION_STATE_AGE).record(age);
+            metrics::counter!(m::NODE_DECISIONS, "node" => node.id.clone(), "kind" => kind)
+                .increment(1);
+            let mut resp = convert::pick_response(&p, &snap, age);
+            resp.node_id = node.id.clone();
+            return Ok(resp);
+        }
+    }
+
+    /// A placement with no node: a wakeup naming a fresh previous node that
+    /// can run the task stays on that node's fast path; anything else runs
+    /// the slow path down the cluster and then on the chosen node as a fork.
+    async fn pick_on_cluster(
+        &self,
+        mut r: pb::PickCpuRequest,
+    ) -> Result<pb::PickCpuResponse, Status> {
+        let allowed = match r
+            .task
+            .as_ref()
+            .map(|t| t.cpus_allowed.as_str())
+            .unwrap_or("")
+        {
+            "" => CpuMask::first_n(MAX_CPUS),
+            s => CpuMask::parse_cpulist(s, MAX_CPUS)
+                .map_err(|e| Status::invalid_argument(format!("task.cpus_allowed: {e}")))?,
+        };
+        if allowed.is_empty() {
+            return Err(Status::invalid_argument(
+                "task.cpus_allowed: must not be empty",
+            ));
+        }
+        let now = Instant::now();
+        if r.kind == pb::RequestKind::Wakeup as i32
+            && !r.prev_node.is_empty()
+            && let Some(prev) = self.store.get(&r.prev_node)
+        {
+            let s = prev.snapshot();
+            if self.store.is_fresh(&s, now) && s.topo.online.intersects(&allowed) {
+                let mut resp = self.pick_on(&prev, &r).await?;
+                resp.cluster_level = "prev_node".into();
+                return Ok(resp);
+            }
+        }
+        let levels: Vec<&str> = self
+            .store
+            .cluster
+            .config
+            .levels
+            .iter()
+            .map(|l| l.label.as_str())
+            .collect();
+        let mut selector: Vec<(String, String)> = Vec::new();
+        for (k, v) in &r.selector {
+            if !levels.contains(&k.as_str()) {
+                return Err(Status::invalid_argument(format!(
+                    "selector.{k}: only the hierarchy's labels ({}) can select",
+                    levels.join(", ")
+                )));
+            }
+            selector.push((k.clone(), v.clone()));
+        }
+        selector.sort();
+        let origin = if r.origin_node.is_empty() {
+            None
+        } else {
+            let o = self.node(&r.origin_node).map_err(|_| {
+                Status::not_found(format!(
+                    "origin_node: no node {:?} is registered",
+                    r.origin_node
+                ))
+            })?;
+            Some((self.store.cluster.path(&o.labels), o.id.clone()))
+        };
+        let req = ClusterRequest {
+            first_allowed_cpu: allowed.first().unwrap_or(0),
+            origin,
+            selector,
+        };
+        let choice = self.store.cluster_pick(&req, &allowed).ok_or_else(|| {
+            Status::failed_precondition("no fresh node matches the selector and can run the task")
+        })?;
+        metrics::counter!(m::CLUSTER_DECISIONS, "level" => choice.level.clone()).increment(1);
+        metrics::histogram!(m::CLUSTER_GROUPS_COMPARED).record(choice.compared as f64);
+        let node = self.node(&choice.node)?;
+        // On the chosen node the task is placed like a fork, from this_cpu
+        // on the origin node, else from its lowest allowed online CPU.
+        let snap = node.snapshot();
+        if choice.node != r.origin_node {
+            r.this_cpu = allowed.first_and(&snap.topo.online).unwrap_or(0) as u32;
+        }
+        r.kind = pb::RequestKind::Fork as i32;
+        let mut resp = self.pick_on(&node, &r).await?;
+        resp.cluster_level = choice.level;
+        resp.groups_compared = choice.compared;
+        Ok(resp)
+    }
+
     fn node(&self, id: &str) -> Result<Arc<Node>, Status> {
         if id.is_empty() {
             return Err(Status::invalid_argument("node_id: must not be empty"));
@@ -60,41 +194,11 @@ impl PlacementService for Placement {
         req: Request<pb::PickCpuRequest>,
     ) -> Result<Response<pb::PickCpuResponse>, Status> {
         let r = req.into_inner();
-        let node = self.node(&r.node_id)?;
-        let mut attempt = 0;
-        loop {
-            let now = Instant::now();
-            let (snap, age) = self.fresh_snapshot(&node, now)?;
-            let (task, preq) = convert::pick_request(&r, &snap).map_err(convert::invalid)?;
-            let view = View {
-                topo: &snap.topo,
-                state: &snap.state,
-                features: &snap.features,
-                system: &self.store.config.system,
-            };
-            let t0 = Instant::now();
-            let p = select_task_rq(view, &task, &preq);
-            let took = t0.elapsed().as_secs_f64();
-            if r.claim && !self.store.try_claim(&node, snap.version, p.cpu, now) {
-                attempt += 1;
-                metrics::counter!(m::CLAIM_RETRIES).increment(1);
-                if attempt < CLAIM_ATTEMPTS {
-                    continue;
-                }
-                tokio::task::yield_now().await;
-                continue;
-            }
-            let kind = preq.kind.as_str();
-            let path = p.path.as_str();
-            metrics::counter!(m::DECISIONS, "kind" => kind, "path" => path).increment(1);
-            metrics::histogram!(m::DECISION_SCANNED, "kind" => kind, "path" => path)
-                .record(p.scanned as f64);
-            metrics::histogram!(m::DECISION_DURATION, "kind" => kind).record(took);
-            metrics::histogram!(m::DECISION_STATE_AGE).record(age);
-            metrics::counter!(m::NODE_DECISIONS, "node" => node.id.clone(), "kind" => kind)
-                .increment(1);
-            return Ok(Response::new(convert::pick_response(&p, &snap, age)));
+        if !r.node_id.is_empty() {
+            let node = self.node(&r.node_id)?;
+            return self.pick_on(&node, &r).await.map(Response::new);
         }
+        self.pick_on_cluster(r).await.map(Response::new)
     }
 
     async fn can_migrate(

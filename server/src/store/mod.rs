@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 
+use crate::cluster::{Cluster, ClusterChoice, ClusterConfig, ClusterRequest, NodeAgg};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::features::{Features, System};
 use crate::engine::state::{CpuState, NodeState};
@@ -32,6 +33,7 @@ pub struct StoreConfig {
     /// A stale node is forgotten after this long without a report.
     pub forget_after: Duration,
     pub system: System,
+    pub cluster: ClusterConfig,
 }
 
 impl Default for StoreConfig {
@@ -41,6 +43,7 @@ impl Default for StoreConfig {
             claim_ttl: Duration::from_millis(500),
             forget_after: Duration::from_secs(600),
             system: System::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -58,6 +61,8 @@ pub struct Snapshot {
     pub reported_at: Option<Instant>,
     /// Claims outstanding per CPU, included in `state`.
     pub claims: Vec<(u32, u32)>,
+    /// What the node contributes to its cluster groups.
+    pub agg: NodeAgg,
 }
 
 impl Snapshot {
@@ -84,6 +89,9 @@ struct Writer {
     /// Deltas are refused until a full snapshot arrives.
     needs_full: bool,
     overrides: HashMap<String, bool>,
+    /// The group path and aggregate this node adds to the cluster sums;
+    /// `None` while it is not counted (no state yet, or stale).
+    counted: Option<(Vec<String>, NodeAgg)>,
 }
 
 /// A registered node.
@@ -167,6 +175,8 @@ pub struct Store {
     global: ArcSwap<Features>,
     next_generation: AtomicU64,
     pub config: StoreConfig,
+    /// Zones, racks and nodes, with incrementally kept group sums.
+    pub cluster: Cluster,
 }
 
 impl Store {
@@ -177,8 +187,72 @@ impl Store {
             specs: Mutex::new(HashMap::new()),
             global: ArcSwap::from_pointee(Features::default()),
             next_generation: AtomicU64::new(1),
+            cluster: Cluster::new(config.cluster.clone()),
             config,
         }
+    }
+
+    /// Moves the node's contribution to the cluster sums from what it was
+    /// to `now` (`None`: not counted).
+    fn recount(&self, node: &Node, w: &mut Writer, now: Option<NodeAgg>) {
+        if let Some((path, old)) = w.counted.take() {
+            self.cluster.contribute(&path, &node.id, &old, -1);
+        }
+        if let Some(a) = now {
+            let path = self.cluster.path(&node.labels);
+            self.cluster.contribute(&path, &node.id, &a, 1);
+            w.counted = Some((path, a));
+        }
+    }
+
+    /// Stops counting nodes that went stale; returns how many.
+    pub fn uncount_stale(&self, now: Instant) -> usize {
+        let mut n = 0;
+        for node in self.nodes() {
+            let mut w = node.writer.lock().expect("writer lock");
+            if w.counted.is_some() && !self.is_fresh(&node.snapshot(), now) {
+                self.recount(&node, &mut w, None);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Places a task with no node: the kernel's slow path over the cluster
+    /// levels, with the incremental group sums.
+    pub fn cluster_pick(&self, req: &ClusterRequest, allowed: &CpuMask) -> Option<ClusterChoice> {
+        let now = Instant::now();
+        self.cluster.pick(req, |id| {
+            let n = self.get(id)?;
+            let s = n.snapshot();
+            (self.is_fresh(&s, now) && s.topo.online.intersects(allowed)).then_some(s.agg)
+        })
+    }
+
+    /// The same choice recomputed from every node's per-CPU state.
+    pub fn naive_cluster_pick(
+        &self,
+        req: &ClusterRequest,
+        allowed: &CpuMask,
+    ) -> Option<ClusterChoice> {
+        let now = Instant::now();
+        let nodes: Vec<_> = self
+            .nodes()
+            .iter()
+            .filter_map(|n| {
+                let s = n.snapshot();
+                self.is_fresh(&s, now).then(|| {
+                    let a = NodeAgg::of(&s.topo, &s.state, s.features.util_est);
+                    (
+                        n.id.clone(),
+                        n.labels.clone(),
+                        a,
+                        s.topo.online.intersects(allowed),
+                    )
+                })
+            })
+            .collect();
+        crate::cluster::naive_pick(&self.cluster.config, req, &nodes)
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Node>> {
@@ -258,6 +332,12 @@ impl Store {
             old.writer.lock().expect("writer lock").needs_full = true;
             return Ok((old, generation));
         }
+        if let Some(old) = self.get(id) {
+            // A new topology (or new labels): the old node leaves its groups.
+            let mut w = old.writer.lock().expect("writer lock");
+            self.recount(&old, &mut w, None);
+            old.generation.store(generation, Ordering::SeqCst);
+        }
         let n = spec.cpus.len();
         let online = CpuMask::first_n(n);
         let topo = self.topology(&spec, &online)?;
@@ -275,6 +355,7 @@ impl Store {
             spec,
             snap: ArcSwap::from_pointee(Snapshot {
                 version: 1,
+                agg: NodeAgg::of(&topo, &state, features.util_est),
                 topo,
                 state,
                 features,
@@ -286,6 +367,7 @@ impl Store {
                 last_seq: 0,
                 needs_full: true,
                 overrides: HashMap::new(),
+                counted: None,
             }),
             generation: AtomicU64::new(generation),
             connected: AtomicBool::new(true),
@@ -369,7 +451,7 @@ impl Store {
         }
         w.last_seq = u.seq;
         w.needs_full = false;
-        let v = self.publish(node, &w, cpus, topo, cur.features, Some(now), &cur);
+        let v = self.publish(node, &mut w, cpus, topo, cur.features, Some(now), &cur);
         Ok(v)
     }
 
@@ -379,7 +461,7 @@ impl Store {
     fn publish(
         &self,
         node: &Node,
-        w: &Writer,
+        w: &mut Writer,
         mut cpus: Vec<CpuState>,
         topo: Arc<Topology>,
         features: Features,
@@ -398,14 +480,19 @@ impl Store {
         claims.sort_unstable();
         let state = NodeState::new(&topo, cpus, &[], &features);
         let version = cur.version + 1;
-        node.snap.store(Arc::new(Snapshot {
+        let agg = NodeAgg::of(&topo, &state, features.util_est);
+        let snap = Snapshot {
             version,
             topo,
             state,
             features,
             reported_at: reported_at.or(cur.reported_at),
             claims,
-        }));
+            agg,
+        };
+        let fresh = self.is_fresh(&snap, Instant::now());
+        self.recount(node, w, fresh.then_some(agg));
+        node.snap.store(Arc::new(snap));
         version
     }
 
@@ -428,7 +515,7 @@ impl Store {
             .push(now + self.config.claim_ttl);
         let cpus = base_cpus(&cur, &w);
         let topo = Arc::clone(&cur.topo);
-        self.publish(node, &w, cpus, topo, cur.features, None, &cur);
+        self.publish(node, &mut w, cpus, topo, cur.features, None, &cur);
         true
     }
 
@@ -451,7 +538,7 @@ impl Store {
             if after != before {
                 expired += before - after;
                 let topo = Arc::clone(&cur.topo);
-                self.publish(&node, &w, cpus, topo, cur.features, None, &cur);
+                self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
             }
         }
         expired
@@ -481,7 +568,12 @@ impl Store {
         let before = self.nodes.len();
         self.nodes.retain(|_, n| {
             let s = n.snapshot();
-            n.connected.load(Ordering::SeqCst) || s.age(now).is_none_or(|a| a <= limit)
+            let keep = n.connected.load(Ordering::SeqCst) || s.age(now).is_none_or(|a| a <= limit);
+            if !keep {
+                let mut w = n.writer.lock().expect("writer lock");
+                self.recount(n, &mut w, None);
+            }
+            keep
         });
         before - self.nodes.len()
     }
@@ -548,7 +640,7 @@ impl Store {
         let cur = node.snapshot();
         let cpus = base_cpus(&cur, &w);
         let topo = Arc::clone(&cur.topo);
-        self.publish(node, &w, cpus, topo, f, None, &cur);
+        self.publish(node, &mut w, cpus, topo, f, None, &cur);
     }
 }
 

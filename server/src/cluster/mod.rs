@@ -1,0 +1,467 @@
+//! Cluster placement: the kernel's slow path applied above the nodes.
+//!
+//! Zones, racks (the levels are node labels, configurable) and nodes are the
+//! levels above each node's own NUMA / LLC / core domains. A placement with
+//! no node walks down from the top: at each level the groups' statistics are
+//! compared with the kernel's rules (`group_classify`, `update_pick_idlest`,
+//! the local-versus-idlest test with its NUMA-style allowance), then the
+//! chosen node's own slow path picks the CPU.
+//!
+//! The group statistics are kept incrementally: every published snapshot
+//! carries its node's [`NodeAgg`], and the store adds the difference to the
+//! node's ancestor groups, O(depth) per report; a pick reads each group's
+//! sums in O(1). [`naive_pick`] recomputes everything from the per-CPU state
+//! and must agree.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::engine::state::NodeState;
+use crate::engine::topology::Topology;
+
+/// One level of the hierarchy: the label that names its groups and the
+/// domain's imbalance_pct.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LevelConfig {
+    pub label: String,
+    pub imbalance_pct: u32,
+}
+
+/// The hierarchy above the nodes. Defaults: zones compare at 125 (crossing
+/// zones costs more, like a far NUMA level), racks at 117, nodes at 117.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub levels: Vec<LevelConfig>,
+    pub node_imbalance_pct: u32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            levels: vec![
+                LevelConfig {
+                    label: "zone".into(),
+                    imbalance_pct: 125,
+                },
+                LevelConfig {
+                    label: "rack".into(),
+                    imbalance_pct: 117,
+                },
+            ],
+            node_imbalance_pct: 117,
+        }
+    }
+}
+
+/// What one node contributes to its groups: the sums
+/// `update_sg_wakeup_stats()` needs, over the node's online CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeAgg {
+    pub cpus: i64,
+    pub idle_cpus: i64,
+    pub sched_idle_cpus: i64,
+    pub nr_running: i64,
+    pub load: i64,
+    pub util: i64,
+    pub runnable: i64,
+    pub capacity: i64,
+    pub max_capacity: i64,
+    /// CPUs in the topology: a task whose lowest allowed CPU is beyond it
+    /// cannot run on this node.
+    pub nr_cpus: i64,
+}
+
+impl NodeAgg {
+    /// The node's sums from its per-CPU state.
+    pub fn of(topo: &Topology, st: &NodeState, util_est: bool) -> NodeAgg {
+        let mut a = NodeAgg {
+            nr_cpus: topo.nr_cpus as i64,
+            ..NodeAgg::default()
+        };
+        for (i, c) in st.cpus.iter().enumerate() {
+            if !c.online {
+                continue;
+            }
+            a.cpus += 1;
+            a.nr_running += c.nr_running as i64;
+            if c.nr_running == 0 && c.curr_is_idle && !c.ttwu_pending {
+                a.idle_cpus += 1;
+            }
+            a.sched_idle_cpus += c.sched_idle_rq() as i64;
+            a.load += c.load_avg;
+            a.runnable += c.runnable_avg;
+            let e = if util_est { c.util_est } else { 0 };
+            a.util += c.util_avg.max(e).min(topo.capacity_orig(i) as i64);
+            a.capacity += c.capacity as i64;
+            a.max_capacity = a.max_capacity.max(c.capacity as i64);
+        }
+        a
+    }
+}
+
+/// A group's sums, with the maxima kept as counted multisets so that a node
+/// can leave in O(log n).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupAcc {
+    pub sum: NodeAgg,
+    pub nodes: i64,
+    max_cap: BTreeMap<i64, u32>,
+    max_cpus: BTreeMap<i64, u32>,
+}
+
+impl GroupAcc {
+    fn add(&mut self, a: &NodeAgg, sign: i64) {
+        let s = &mut self.sum;
+        s.cpus += sign * a.cpus;
+        s.idle_cpus += sign * a.idle_cpus;
+        s.sched_idle_cpus += sign * a.sched_idle_cpus;
+        s.nr_running += sign * a.nr_running;
+        s.load += sign * a.load;
+        s.util += sign * a.util;
+        s.runnable += sign * a.runnable;
+        s.capacity += sign * a.capacity;
+        self.nodes += sign;
+        for (m, v) in [
+            (&mut self.max_cap, a.max_capacity),
+            (&mut self.max_cpus, a.nr_cpus),
+        ] {
+            if sign > 0 {
+                *m.entry(v).or_default() += 1;
+            } else if let Some(k) = m.get_mut(&v) {
+                *k -= 1;
+                if *k == 0 {
+                    m.remove(&v);
+                }
+            }
+        }
+    }
+
+    /// The group as one aggregate (sums, and the maxima over its nodes).
+    pub fn agg(&self) -> NodeAgg {
+        NodeAgg {
+            max_capacity: self.max_cap.keys().next_back().copied().unwrap_or(0),
+            nr_cpus: self.max_cpus.keys().next_back().copied().unwrap_or(0),
+            ..self.sum
+        }
+    }
+}
+
+/// `enum group_type` for the cluster levels (lower = idler).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GroupType {
+    HasSpare,
+    FullyBusy,
+    Overloaded,
+}
+
+/// `group_classify()` over a group's sums.
+pub fn group_classify(pct: i64, a: &NodeAgg) -> GroupType {
+    let overloaded = a.nr_running > a.cpus
+        && (a.capacity * 100 < a.util * pct || a.capacity * pct < a.runnable * 100);
+    if overloaded {
+        return GroupType::Overloaded;
+    }
+    let has_capacity = a.nr_running < a.cpus
+        || (a.capacity * pct >= a.runnable * 100 && a.capacity * 100 > a.util * pct);
+    if has_capacity {
+        GroupType::HasSpare
+    } else {
+        GroupType::FullyBusy
+    }
+}
+
+fn avg_load(a: &NodeAgg) -> i64 {
+    a.load * 1024 / a.capacity.max(1)
+}
+
+/// `update_pick_idlest()`: is `cand` a better target than `best`?
+fn better(pct: i64, best: &NodeAgg, cand: &NodeAgg) -> bool {
+    let (tb, tc) = (group_classify(pct, best), group_classify(pct, cand));
+    if tc != tb {
+        return tc < tb;
+    }
+    match tc {
+        GroupType::Overloaded | GroupType::FullyBusy => avg_load(cand) < avg_load(best),
+        GroupType::HasSpare => {
+            cand.idle_cpus > best.idle_cpus
+                || (cand.idle_cpus == best.idle_cpus && cand.util < best.util)
+        }
+    }
+}
+
+/// The end of `sched_balance_find_dst_group()`: leave the local group for
+/// the idlest one? Cluster levels behave like NUMA levels: a small idle-CPU
+/// difference (at most 2) is no reason to move while the local group would
+/// still run at most `imb_nr` tasks with this one. A node plays the part of
+/// an LLC: `imb_nr` is the group's node count, or for a one-node group an
+/// eighth of its CPUs (at least 1), as `imb_numa_nr` is built.
+fn leave_local(pct: i64, local: &NodeAgg, local_nodes: i64, idlest: &NodeAgg) -> bool {
+    let imb_nr = if local_nodes == 1 {
+        (local.cpus >> 3).max(1)
+    } else {
+        local_nodes
+    };
+    let (tl, ti) = (group_classify(pct, local), group_classify(pct, idlest));
+    if tl != ti {
+        return tl > ti;
+    }
+    match tl {
+        GroupType::Overloaded | GroupType::FullyBusy => {
+            let imb = 1024 * (pct - 100) / 100;
+            let (l, i) = (avg_load(local), avg_load(idlest));
+            if i + imb >= l {
+                return false;
+            }
+            100 * l > pct * i
+        }
+        GroupType::HasSpare => {
+            let diff = (local.idle_cpus - idlest.idle_cpus).abs();
+            // local.nr_running + 1 <= imb_nr: room for this task too.
+            if local.nr_running < imb_nr && diff <= 2 {
+                return false;
+            }
+            local.idle_cpus < idlest.idle_cpus
+        }
+    }
+}
+
+/// A group of the hierarchy: its sums and its children (groups, or at the
+/// last level the nodes), in name order so ties resolve the same way always.
+#[derive(Debug, Default)]
+pub struct Group {
+    pub acc: Mutex<GroupAcc>,
+    children: RwLock<BTreeMap<String, Arc<Group>>>,
+    nodes: RwLock<BTreeMap<String, ()>>,
+}
+
+/// The hierarchy and its incrementally kept sums.
+#[derive(Debug, Default)]
+pub struct Cluster {
+    pub config: ClusterConfig,
+    root: Arc<Group>,
+}
+
+/// What a cluster pick needs to know about the task.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterRequest {
+    /// Lowest CPU id the task may run on: groups whose nodes all have fewer
+    /// CPUs are skipped (the node check itself is exact).
+    pub first_allowed_cpu: usize,
+    /// The node the request comes from (a fork's parent) and its group
+    /// path: those groups are the local ones.
+    pub origin: Option<(Vec<String>, String)>,
+    /// Required label values, on the hierarchy's own labels only.
+    pub selector: Vec<(String, String)>,
+}
+
+/// The outcome of the walk down the hierarchy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterChoice {
+    pub node: String,
+    /// Candidates compared on the way (all levels, nodes included).
+    pub compared: u32,
+    /// The highest level where the choice left the local group ("node" if
+    /// only the node changed, "none" if it stayed on the origin node, "top"
+    /// when there was no origin).
+    pub level: String,
+}
+
+impl Cluster {
+    pub fn new(config: ClusterConfig) -> Self {
+        Self {
+            config,
+            root: Arc::new(Group::default()),
+        }
+    }
+
+    /// The label values naming a node's groups, one per level (an absent
+    /// label is the empty name: such nodes form one group of their own).
+    pub fn path(&self, labels: &[(String, String)]) -> Vec<String> {
+        self.config
+            .levels
+            .iter()
+            .map(|l| {
+                labels
+                    .iter()
+                    .find(|(k, _)| *k == l.label)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// Adds (`sign` 1) or removes (-1) a node's contribution along its path,
+    /// creating groups as needed.
+    pub fn contribute(&self, path: &[String], node: &str, a: &NodeAgg, sign: i64) {
+        let mut g = Arc::clone(&self.root);
+        g.acc.lock().expect("group").add(a, sign);
+        for key in path {
+            let child = {
+                let mut ch = g.children.write().expect("children");
+                Arc::clone(ch.entry(key.clone()).or_default())
+            };
+            child.acc.lock().expect("group").add(a, sign);
+            g = child;
+        }
+        let mut nodes = g.nodes.write().expect("nodes");
+        if sign > 0 {
+            nodes.insert(node.to_string(), ());
+        } else {
+            nodes.remove(node);
+        }
+    }
+
+    /// The top group's sums (every counted node).
+    pub fn total(&self) -> GroupAcc {
+        self.root.acc.lock().expect("group").clone()
+    }
+
+    /// Walks down the hierarchy with the incremental sums. `node_agg` gives
+    /// a counted node's current aggregate if the node can run the task.
+    pub fn pick(
+        &self,
+        req: &ClusterRequest,
+        node_agg: impl Fn(&str) -> Option<NodeAgg>,
+    ) -> Option<ClusterChoice> {
+        let mut compared = 0;
+        let mut level = if req.origin.is_some() { "none" } else { "top" }.to_string();
+        let node = self.walk(&self.root, 0, req, &node_agg, &mut compared, &mut level)?;
+        Some(ClusterChoice {
+            node,
+            compared,
+            level,
+        })
+    }
+
+    /// One level: choose among the children; when the chosen child cannot
+    /// host the task after all, drop it and choose again.
+    fn walk(
+        &self,
+        g: &Group,
+        depth: usize,
+        req: &ClusterRequest,
+        node_agg: &impl Fn(&str) -> Option<NodeAgg>,
+        compared: &mut u32,
+        level: &mut String,
+    ) -> Option<String> {
+        let local_key = req
+            .origin
+            .as_ref()
+            .map(|(path, node)| match path.get(depth) {
+                Some(k) => k.clone(),
+                None => node.clone(),
+            });
+        if depth == self.config.levels.len() {
+            let names: Vec<String> = g.nodes.read().expect("nodes").keys().cloned().collect();
+            let cands: Vec<(String, NodeAgg, i64, String)> = names
+                .into_iter()
+                .filter_map(|id| node_agg(&id).map(|a| (id.clone(), a, 1, id)))
+                .collect();
+            let (node, n, moved) = choose(
+                self.config.node_imbalance_pct as i64,
+                cands.into_iter(),
+                local_key.as_deref(),
+            )?;
+            *compared += n;
+            if moved && level == "none" {
+                *level = "node".into();
+            }
+            return Some(node);
+        }
+        let lvl = &self.config.levels[depth];
+        let mut cands: Vec<(String, NodeAgg, i64, Arc<Group>)> = g
+            .children
+            .read()
+            .expect("children")
+            .iter()
+            .filter_map(|(k, c)| {
+                let acc = c.acc.lock().expect("group");
+                let a = acc.agg();
+                let selected = req
+                    .selector
+                    .iter()
+                    .all(|(sk, sv)| *sk != lvl.label || sv == k);
+                (acc.nodes > 0 && a.nr_cpus as usize > req.first_allowed_cpu && selected)
+                    .then(|| (k.clone(), a, acc.nodes, Arc::clone(c)))
+            })
+            .collect();
+        while !cands.is_empty() {
+            let (choice, n, moved) = choose(
+                lvl.imbalance_pct as i64,
+                cands.iter().cloned(),
+                local_key.as_deref(),
+            )?;
+            *compared += n;
+            let before = level.clone();
+            if moved && (level == "none" || level == "node") {
+                *level = lvl.label.clone();
+            }
+            if let Some(node) = self.walk(&choice, depth + 1, req, node_agg, compared, level) {
+                return Some(node);
+            }
+            *level = before;
+            cands.retain(|c| !Arc::ptr_eq(&c.3, &choice));
+        }
+        None
+    }
+}
+
+/// One level of the walk: the idlest candidate (first in order on ties), or
+/// the local one when the rules keep the task there. Returns the choice, the
+/// number of candidates compared, and whether it left the local group.
+fn choose<T>(
+    pct: i64,
+    cands: impl Iterator<Item = (String, NodeAgg, i64, T)>,
+    local_key: Option<&str>,
+) -> Option<(T, u32, bool)> {
+    let mut n = 0;
+    let mut idlest: Option<(NodeAgg, T)> = None;
+    let mut local: Option<(NodeAgg, i64, T)> = None;
+    for (k, a, nodes, t) in cands {
+        n += 1;
+        if Some(k.as_str()) == local_key {
+            local = Some((a, nodes, t));
+            continue;
+        }
+        match &idlest {
+            Some((best, _)) if !better(pct, best, &a) => {}
+            _ => idlest = Some((a, t)),
+        }
+    }
+    match (local, idlest) {
+        (None, Some((_, t))) => Some((t, n, false)),
+        (Some((_, _, t)), None) => Some((t, n, false)),
+        (Some((la, ln, lt)), Some((ia, it))) => {
+            if leave_local(pct, &la, ln, &ia) {
+                Some((it, n, true))
+            } else {
+                Some((lt, n, false))
+            }
+        }
+        (None, None) => None,
+    }
+}
+
+/// The same walk from scratch: every counted node's aggregate recomputed
+/// from its per-CPU state, the groups summed per request. The baseline of
+/// the benchmark and the oracle of the differential test.
+/// A counted node for [`naive_pick`]: id, labels, its aggregate recomputed
+/// from its per-CPU state, and whether it can run the task.
+pub type NaiveNode = (String, Vec<(String, String)>, NodeAgg, bool);
+
+/// The naive walk over `nodes`.
+pub fn naive_pick(
+    config: &ClusterConfig,
+    req: &ClusterRequest,
+    nodes: &[NaiveNode],
+) -> Option<ClusterChoice> {
+    let c = Cluster::new(config.clone());
+    for (id, labels, a, _) in nodes {
+        c.contribute(&c.path(labels), id, a, 1);
+    }
+    let by_id: BTreeMap<&str, (NodeAgg, bool)> = nodes
+        .iter()
+        .map(|(id, _, a, h)| (id.as_str(), (*a, *h)))
+        .collect();
+    c.pick(req, |id| by_id.get(id).filter(|(_, h)| *h).map(|(a, _)| *a))
+}
