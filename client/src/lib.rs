@@ -94,7 +94,16 @@ impl Client {
         let mut backoff = Duration::from_millis(20);
         let mut left = self.attempts.max(1);
         loop {
-            match call().await {
+            // grpc-timeout tells the server; this bounds the wait here too,
+            // on a connection that hangs.
+            let attempt = match tokio::time::timeout(self.deadline, call()).await {
+                Ok(r) => r,
+                Err(_) => Err(Status::deadline_exceeded(format!(
+                    "no answer within {:?}",
+                    self.deadline
+                ))),
+            };
+            match attempt {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(s) if s.code() == Code::Unavailable && left > 1 => {
                     left -= 1;
@@ -106,7 +115,20 @@ impl Client {
         }
     }
 
+    /// A claimed pick is not retried: the server may have committed the
+    /// claim before the connection failed, and a retry would claim twice.
     pub async fn pick_cpu(&self, req: pb::PickCpuRequest) -> Result<pb::PickCpuResponse, Status> {
+        if req.claim {
+            let mut c = self.placement.clone();
+            let r = self.request(req);
+            return match tokio::time::timeout(self.deadline, c.pick_cpu(r)).await {
+                Ok(r) => r.map(|r| r.into_inner()),
+                Err(_) => Err(Status::deadline_exceeded(format!(
+                    "no answer within {:?}",
+                    self.deadline
+                ))),
+            };
+        }
         self.retry(|| {
             let mut c = self.placement.clone();
             let r = self.request(req.clone());

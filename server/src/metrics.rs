@@ -187,7 +187,12 @@ pub fn install(addr: SocketAddr) -> Result<PrometheusHandle, String> {
 }
 
 fn builder() -> Result<PrometheusBuilder, String> {
-    let b = PrometheusBuilder::new();
+    // Per-node gauges are refreshed every half second while the node is
+    // registered; a forgotten node's series go after five idle minutes.
+    let b = PrometheusBuilder::new().idle_timeout(
+        metrics_util::MetricKindMask::GAUGE,
+        Some(std::time::Duration::from_secs(300)),
+    );
     let set = |b: PrometheusBuilder, m: &str, buckets: &[f64]| {
         b.set_buckets_for_metric(Matcher::Full(m.to_string()), buckets)
             .map_err(|e| e.to_string())

@@ -620,6 +620,7 @@ fn parse_hints(
             let id: u32 = k
                 .parse()
                 .ok()
+                .filter(|id: &u32| id.to_string() == *k)
                 .filter(|id| topo.spec.cpus.iter().any(|c| c.llc == *id))
                 .ok_or_else(|| {
                     FieldError::new(&path, format!("{k:?} is not an LLC id of the topology"))

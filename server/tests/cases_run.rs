@@ -46,11 +46,17 @@ fn run_case_file(name: &str) -> usize {
             &MIGRATE_KEYS
         };
         for k in keys {
-            // task_hot is informative in the format; compare it when given.
-            if let Some(e) = exp.get(*k)
-                && got.get(*k) != Some(e)
-            {
-                failures.push(format!("{name}: {k} expected {e}, got {}", got[*k]));
+            match exp.get(*k) {
+                Some(e) if got.get(*k) != Some(e) => {
+                    failures.push(format!("{name}: {k} expected {e}, got {}", got[*k]));
+                }
+                Some(_) => {}
+                // task_hot is informative in the format; every other compared
+                // field must be given, or the case checks less than it seems.
+                None if *k != "task_hot" => {
+                    failures.push(format!("{name}: expected.{k} is missing"))
+                }
+                None => {}
             }
         }
         if let Some(Value::Object(d)) = exp.get("detail") {

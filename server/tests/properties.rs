@@ -254,8 +254,10 @@ proptest! {
                         || on.path.as_str() == "fallback_rq"),
                 "WA_IDLE" | "WA_WEIGHT" | "WA_BIAS" => on.detail.affine.is_some() && off.detail.affine.is_some(),
                 "SIS_UTIL" => on.detail.nr_idle_scan.is_some(),
-                // UTIL_EST feeds cpu_util (slow path) and the derived budget.
-                "UTIL_EST" => true,
+                // UTIL_EST feeds cpu_util (slow path) and the derived budget,
+                // and only matters where some util_est exceeds util_avg.
+                "UTIL_EST" => s_on.state.cpus.iter().any(|c| c.util_est > c.util_avg)
+                    || s_on.task.util_est > s_on.task.util_avg,
                 _ => unreachable!(),
             };
             prop_assert!(reached, "{} changed {:?} -> {:?} outside its code path", name, on, off);

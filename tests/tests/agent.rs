@@ -283,6 +283,15 @@ fn metrics_show_every_documented_series_after_some_traffic() {
                 ..Default::default()
             })
             .await;
+        // A placement with no node, on the cluster.
+        let p = c
+            .pick_cpu(pb::PickCpuRequest {
+                kind: pb::RequestKind::Fork as i32,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(p.node_id, "m");
         let n = c.get_node("m").await.unwrap().cpus.len() as u32;
         if n > 1 {
             c.can_migrate(pb::CanMigrateRequest {

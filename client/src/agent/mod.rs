@@ -180,6 +180,7 @@ pub struct Simulated {
 
 impl Simulated {
     pub fn new(nr_cpus: u32, seed: u64) -> Simulated {
+        let nr_cpus = nr_cpus.max(2);
         let smt = if nr_cpus.is_multiple_of(2) { 2 } else { 1 };
         let nodes = if nr_cpus >= 64 { 2 } else { 1 };
         let mut s = Simulated {
@@ -297,14 +298,15 @@ pub async fn stream<S: Source>(
     mut stop: watch::Receiver<bool>,
     stats: watch::Sender<StreamStats>,
 ) {
-    let mut backoff = cfg.backoff_min;
+    let floor = cfg.backoff_min.max(Duration::from_millis(10));
+    let mut backoff = floor;
     let mut seq: u64 = 0;
     let mut jitter = seed_from(&cfg.node_id);
     loop {
         if *stop.borrow() {
             return;
         }
-        let t0 = Instant::now();
+        let connects = stats.borrow().connects;
         match run_once(&cfg, &mut source, &mut seq, &mut stop, &stats).await {
             Ok(()) => return,
             Err(e) => {
@@ -312,8 +314,9 @@ pub async fn stream<S: Source>(
                 tracing::warn!(node = %cfg.node_id, error = %e, "stream failed; reconnecting");
             }
         }
-        if t0.elapsed() > cfg.backoff_max {
-            backoff = cfg.backoff_min;
+        // A stream that got registered was healthy: start the backoff over.
+        if stats.borrow().connects > connects {
+            backoff = floor;
         }
         // Jitter in [backoff/2, backoff) so many agents do not reconnect in step.
         jitter ^= jitter << 13;
@@ -323,9 +326,9 @@ pub async fn stream<S: Source>(
         let wait = half + Duration::from_nanos(jitter % (half.as_nanos().max(1) as u64));
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = stop.changed() => {}
+            changed = stop.changed() => if changed.is_err() { return },
         }
-        backoff = (backoff * 2).min(cfg.backoff_max);
+        backoff = (backoff * 2).min(cfg.backoff_max.max(floor));
     }
 }
 
@@ -350,6 +353,10 @@ async fn run_once<S: Source>(
     let channel = tonic::transport::Endpoint::from_shared(uri)
         .map_err(|e| e.to_string())?
         .connect_timeout(Duration::from_secs(3))
+        // Notice a silently dropped connection and reconnect.
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true)
         .connect()
         .await
         .map_err(|e| format!("connect: {e}"))?;
@@ -384,8 +391,9 @@ async fn run_once<S: Source>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = stop.changed() => {
-                if *stop.borrow() { return Ok(()); }
+            changed = stop.changed() => {
+                // A dropped stop sender means stop too.
+                if changed.is_err() || *stop.borrow() { return Ok(()); }
             }
             ack = acks.message() => match ack {
                 Ok(Some(a)) => {
@@ -393,6 +401,9 @@ async fn run_once<S: Source>(
                         metrics::counter!("fairplace_agent_rejections_total", "reason" => r.reason.clone()).increment(1);
                         tracing::warn!(node = %cfg.node_id, reason = %r.reason, message = %r.message, "update rejected");
                         stats.send_modify(|s| s.rejections += 1);
+                        // The server kept its old state of those CPUs: a
+                        // full snapshot puts both sides in step again.
+                        need_full = true;
                     }
                     if a.resync_required {
                         need_full = true;
@@ -424,7 +435,10 @@ async fn run_once<S: Source>(
                     })),
                 };
                 let t1 = Instant::now();
-                tx.send(msg).await.map_err(|_| "the stream closed".to_string())?;
+                tokio::select! {
+                    r = tx.send(msg) => r.map_err(|_| "the stream closed".to_string())?,
+                    _ = stop.changed() => return Ok(()),
+                }
                 metrics::histogram!("fairplace_agent_send_duration_seconds").record(t1.elapsed().as_secs_f64());
                 metrics::counter!("fairplace_agent_updates_sent_total", "kind" => if full { "full" } else { "delta" }).increment(1);
                 stats.send_modify(|s| { s.updates_sent += 1; s.cpus_sent += n; });

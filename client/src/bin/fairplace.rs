@@ -490,6 +490,18 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
         },
     ));
 
+    // A busy thread stands in for a task that is running and will exec, so
+    // the live state has a CPU an exec can come from.
+    let spin = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let spinner = {
+        let spin = std::sync::Arc::clone(&spin);
+        std::thread::spawn(move || {
+            let mut x = 0u64;
+            while spin.load(std::sync::atomic::Ordering::Relaxed) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        })
+    };
     let machine = Machine::local().map_err(|e| format!("reading this machine's topology: {e}"))?;
     let n = machine.nr_cpus() as u32;
     let node_id = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -530,6 +542,18 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
     }
 
     let last = n - 1;
+    // exec needs a CPU that runs a task (the exec'ing one) in the state.
+    let exec_cpu = client
+        .get_node(&node_id)
+        .await
+        .ok()
+        .and_then(|nd| {
+            nd.cpus
+                .iter()
+                .find(|c| c.online && c.nr_running > 0)
+                .map(|c| c.id)
+        })
+        .unwrap_or(0);
     let asks: Vec<(&str, pb::PickCpuRequest)> = vec![
         (
             "wakeup, last ran on CPU 0",
@@ -547,12 +571,26 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
             pick(&node_id, pb::RequestKind::Fork, 0, None, "", false),
         ),
         (
-            "exec on CPU 0",
-            pick(&node_id, pb::RequestKind::Exec, 0, None, "", false),
+            "exec from a busy CPU",
+            pick(&node_id, pb::RequestKind::Exec, exec_cpu, None, "", false),
         ),
         (
-            "exec bound to CPU 0",
-            pick(&node_id, pb::RequestKind::Exec, 0, None, "0", false),
+            "exec bound to that CPU",
+            pick(
+                &node_id,
+                pb::RequestKind::Exec,
+                exec_cpu,
+                None,
+                &exec_cpu.to_string(),
+                false,
+            ),
+        ),
+        (
+            "fork with no node (cluster)",
+            pb::PickCpuRequest {
+                node_id: String::new(),
+                ..pick(&node_id, pb::RequestKind::Fork, 0, None, "", false)
+            },
         ),
         (
             "claimed wakeup #1",
@@ -568,6 +606,7 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
         let row = match client.pick_cpu(req).await {
             Ok(r) => vec![
                 what.to_string(),
+                r.node_id.clone(),
                 r.cpu.to_string(),
                 r.path,
                 r.scanned.to_string(),
@@ -589,10 +628,14 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
     print!(
         "{}",
         render(
-            &["request", "cpu", "path", "scanned", "state", "age_s"],
+            &[
+                "request", "node", "cpu", "path", "scanned", "state", "age_s"
+            ],
             &rows
         )
     );
+    spin.store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = spinner.join();
     println!("\ngRPC:    {grpc_addr}   (try: fairplace --server {grpc_addr} nodes)");
     println!("metrics: http://{metrics_addr}/metrics");
     if linger_s > 0 {

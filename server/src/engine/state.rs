@@ -77,6 +77,28 @@ impl CpuState {
     /// topology capacity. Returns the offending field and what is wrong.
     pub fn check(&self, capacity_orig: u32) -> Result<(), (&'static str, String)> {
         const MAX: i64 = (1 << 31) - 1;
+        for (name, v) in [
+            ("nr_running", self.nr_running),
+            ("cfs_h_nr_queued", self.cfs_h_nr_queued),
+        ] {
+            if v as i64 > MAX {
+                return Err((name, format!("{v} is out of range 0..{MAX}")));
+            }
+        }
+        if let Some(l) = self.idle_exit_latency
+            && l == u32::MAX
+        {
+            return Err((
+                "idle_exit_latency",
+                format!("{l} is out of range 0..{}", u32::MAX - 1),
+            ));
+        }
+        if self.core_cookie > i64::MAX as u64 {
+            return Err((
+                "core_cookie",
+                format!("{} is out of range 0..{}", self.core_cookie, i64::MAX),
+            ));
+        }
         if self.h_nr_idle > self.nr_running {
             return Err((
                 "h_nr_idle",

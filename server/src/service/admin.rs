@@ -49,8 +49,14 @@ pub struct Admin {
     pub auth: Box<dyn Authorize>,
 }
 
-pub fn summary(store: &Store, n: &Node, now: Instant) -> pb::NodeSummary {
-    let s = n.snapshot();
+/// A node's summary from one snapshot (the caller's, so that a GetNode's
+/// summary and CPU list describe the same version).
+pub fn summary(
+    store: &Store,
+    n: &Node,
+    s: &crate::store::Snapshot,
+    now: Instant,
+) -> pb::NodeSummary {
     let idle = s
         .state
         .cpus
@@ -64,7 +70,7 @@ pub fn summary(store: &Store, n: &Node, now: Instant) -> pb::NodeSummary {
         online_cpus: s.topo.online.weight() as u32,
         idle_cpus: idle as u32,
         age_seconds: s.age(now).map_or(-1.0, |a| a.as_secs_f64()),
-        fresh: store.is_fresh(&s, now),
+        fresh: store.is_fresh(s, now),
         connected: n.connected.load(Ordering::SeqCst),
         state_version: s.version,
     }
@@ -101,7 +107,7 @@ impl AdminService for Admin {
                 .store
                 .nodes()
                 .iter()
-                .map(|n| summary(&self.store, n, now))
+                .map(|n| summary(&self.store, n, &n.snapshot(), now))
                 .collect(),
         }))
     }
@@ -114,7 +120,7 @@ impl AdminService for Admin {
         let n = self.node(&req.get_ref().node_id)?;
         let s = n.snapshot();
         Ok(Response::new(pb::GetNodeResponse {
-            summary: Some(summary(&self.store, &n, Instant::now())),
+            summary: Some(summary(&self.store, &n, &s, Instant::now())),
             topology: Some(convert::topology_to_pb(&n.spec)),
             cpus: s
                 .state

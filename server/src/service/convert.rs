@@ -12,6 +12,7 @@ use crate::engine::topology::{CpuTopo, FieldError, Topology, TopologySpec};
 use crate::store::Snapshot;
 
 const MAX_SIGNAL: i64 = (1 << 31) - 1;
+const MAX_CLOCK: i64 = 1 << 62;
 
 pub fn invalid(e: FieldError) -> Status {
     Status::invalid_argument(e.to_string())
@@ -232,8 +233,17 @@ pub fn task(
     task.eligible = t.eligible.unwrap_or(true);
     task.next_buddy = t.next_buddy;
     task.blocked = t.blocked;
-    if t.exec_start < 0 {
-        return Err(err("task.exec_start", "must not be negative"));
+    if !(0..=MAX_CLOCK).contains(&t.exec_start) {
+        return Err(err(
+            "task.exec_start",
+            format!("{} is out of range 0..2^62", t.exec_start),
+        ));
+    }
+    if t.core_cookie > i64::MAX as u64 {
+        return Err(err(
+            "task.core_cookie",
+            format!("{} is out of range 0..{}", t.core_cookie, i64::MAX),
+        ));
     }
     task.exec_start = t.exec_start;
     task.hot = t.hot;
@@ -255,6 +265,13 @@ pub fn pick_request(
     let this_cpu = cpu_in(topo, r.this_cpu, "this_cpu")?;
     if !topo.online.test(this_cpu) {
         return Err(err("this_cpu", format!("CPU {this_cpu} is offline")));
+    }
+    let rq = &snap.state.cpus[this_cpu];
+    if kind == Kind::Exec && (rq.nr_running < 1 || rq.curr_is_idle) {
+        return Err(err(
+            "this_cpu",
+            format!("CPU {this_cpu} runs no task in the reported state, so no task can exec there"),
+        ));
     }
     let mut req = PlaceRequest::new(kind, this_cpu);
     let w = r.waker.unwrap_or_default();
@@ -378,13 +395,20 @@ pub fn migrate_request(
         nr_balance_failed: r.nr_balance_failed,
         cache_nice_tries: r.cache_nice_tries,
         throttled: r.throttled,
-        dst_cfs_nr_queued: r
-            .dst_cfs_nr_queued
-            .unwrap_or(snap.state.cpus[dst].cfs_h_nr_queued),
-        now: if r.now < 0 {
-            return Err(err("now", "must not be negative"));
-        } else {
+        dst_cfs_nr_queued: match r.dst_cfs_nr_queued {
+            Some(q) if q as i64 > MAX_SIGNAL => {
+                return Err(err(
+                    "dst_cfs_nr_queued",
+                    format!("{q} is out of range 0..{MAX_SIGNAL}"),
+                ));
+            }
+            Some(q) => q,
+            None => snap.state.cpus[dst].cfs_h_nr_queued,
+        },
+        now: if (0..=MAX_CLOCK).contains(&r.now) {
             r.now
+        } else {
+            return Err(err("now", format!("{} is out of range 0..2^62", r.now)));
         },
     };
     let task = task(r.task.as_ref(), topo, false, src)?;

@@ -108,6 +108,9 @@ pub async fn serve_store(
     let health_on_stop = health.clone();
     let result = Server::builder()
         .timeout(cfg.request_timeout)
+        // A silently dropped agent connection is noticed and its stream ended.
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .layer(layers)
         .add_service(health_service)
         .add_service(reflection_v1)

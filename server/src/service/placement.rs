@@ -49,10 +49,25 @@ impl Placement {
             if r.claim && !self.store.try_claim(node, snap.version, p.cpu, now) {
                 attempt += 1;
                 metrics::counter!(m::CLAIM_RETRIES).increment(1);
-                if attempt >= CLAIM_ATTEMPTS {
-                    tokio::task::yield_now().await;
+                if attempt < CLAIM_ATTEMPTS {
+                    continue;
                 }
-                continue;
+                // Contended: decide once more, holding the node's writer.
+                let sys = self.store.config.system;
+                let (p, snap) = self.store.claim_locked(node, now, |cur| {
+                    let view = View {
+                        topo: &cur.topo,
+                        state: &cur.state,
+                        features: &cur.features,
+                        system: &sys,
+                    };
+                    let p = select_task_rq(view, &task, &preq);
+                    ((p, cur.version), Some(p.cpu))
+                });
+                let mut resp = convert::pick_response(&p, &node.snapshot(), age);
+                resp.state_version = snap;
+                resp.node_id = node.id.clone();
+                return Ok(resp);
             }
             let kind = preq.kind.as_str();
             let path = p.path.as_str();

@@ -105,6 +105,7 @@ pub struct Node {
     /// The registration (stream) that may write; a newer one supersedes it.
     pub generation: AtomicU64,
     pub connected: AtomicBool,
+    pub registered_at: Instant,
 }
 
 impl Node {
@@ -173,6 +174,8 @@ pub struct Store {
     topo_cache: Mutex<TopoCache>,
     specs: Mutex<HashMap<TopologySpec, Weak<TopologySpec>>>,
     global: ArcSwap<Features>,
+    /// Serialises changes of the global features (read, modify, store).
+    global_lock: Mutex<()>,
     next_generation: AtomicU64,
     pub config: StoreConfig,
     /// Zones, racks and nodes, with incrementally kept group sums.
@@ -186,6 +189,7 @@ impl Store {
             topo_cache: Mutex::new(HashMap::new()),
             specs: Mutex::new(HashMap::new()),
             global: ArcSwap::from_pointee(Features::default()),
+            global_lock: Mutex::new(()),
             next_generation: AtomicU64::new(1),
             cluster: Cluster::new(config.cluster.clone()),
             config,
@@ -332,11 +336,14 @@ impl Store {
             old.writer.lock().expect("writer lock").needs_full = true;
             return Ok((old, generation));
         }
+        let mut overrides = HashMap::new();
         if let Some(old) = self.get(id) {
-            // A new topology (or new labels): the old node leaves its groups.
+            // A new topology (or new labels): the old node leaves its groups,
+            // its stream is superseded, and its feature overrides carry over.
             let mut w = old.writer.lock().expect("writer lock");
             self.recount(&old, &mut w, None);
             old.generation.store(generation, Ordering::SeqCst);
+            overrides = std::mem::take(&mut w.overrides);
         }
         let n = spec.cpus.len();
         let online = CpuMask::first_n(n);
@@ -346,7 +353,10 @@ impl Store {
             .iter()
             .map(|c| CpuState::idle(c.capacity))
             .collect();
-        let features = **self.global.load();
+        let mut features = **self.global.load();
+        for (k, v) in &overrides {
+            features.set(k, *v);
+        }
         let state = NodeState::new(&topo, reported, &[], &features);
         let node = Arc::new(Node {
             id: id.to_string(),
@@ -366,11 +376,12 @@ impl Store {
                 claims: HashMap::new(),
                 last_seq: 0,
                 needs_full: true,
-                overrides: HashMap::new(),
+                overrides,
                 counted: None,
             }),
             generation: AtomicU64::new(generation),
             connected: AtomicBool::new(true),
+            registered_at: Instant::now(),
         });
         self.nodes.insert(id.to_string(), Arc::clone(&node));
         Ok((node, generation))
@@ -389,9 +400,10 @@ impl Store {
         if node.generation.load(Ordering::SeqCst) != generation {
             return Err(Reject::Superseded);
         }
-        if !u.full && (w.needs_full || u.seq != w.last_seq + 1) {
+        let expected = w.last_seq.wrapping_add(1);
+        if !u.full && (w.needs_full || u.seq != expected) {
             return Err(Reject::OutOfSequence {
-                expected: w.last_seq + 1,
+                expected,
                 got: u.seq,
             });
         }
@@ -472,8 +484,8 @@ impl Store {
         for (&cpu, slot) in &w.claims {
             let c = &mut cpus[cpu as usize];
             let k = slot.expires.len() as u32;
-            c.nr_running += k;
-            c.cfs_h_nr_queued += k;
+            c.nr_running = c.nr_running.saturating_add(k);
+            c.cfs_h_nr_queued = c.cfs_h_nr_queued.saturating_add(k);
             c.curr_is_idle = false;
             claims.push((cpu, k));
         }
@@ -517,6 +529,35 @@ impl Store {
         let topo = Arc::clone(&cur.topo);
         self.publish(node, &mut w, cpus, topo, cur.features, None, &cur);
         true
+    }
+
+    /// Decides and claims under the node's writer lock: the fallback when
+    /// optimistic claims keep losing to other writers. `decide` returns the
+    /// CPU to claim, or None to claim nothing.
+    pub fn claim_locked<T>(
+        &self,
+        node: &Node,
+        now: Instant,
+        decide: impl FnOnce(&Snapshot) -> (T, Option<usize>),
+    ) -> T {
+        let mut w = node.writer.lock().expect("writer lock");
+        let cur = node.snapshot();
+        let (out, cpu) = decide(&cur);
+        if let Some(cpu) = cpu {
+            let base = cur.state.cpus[cpu];
+            w.claims
+                .entry(cpu as u32)
+                .or_insert_with(|| ClaimSlot {
+                    base,
+                    expires: Vec::new(),
+                })
+                .expires
+                .push(now + self.config.claim_ttl);
+            let cpus = base_cpus(&cur, &w);
+            let topo = Arc::clone(&cur.topo);
+            self.publish(node, &mut w, cpus, topo, cur.features, None, &cur);
+        }
+        out
     }
 
     /// Drops claims whose TTL ended; returns how many expired.
@@ -568,7 +609,9 @@ impl Store {
         let before = self.nodes.len();
         self.nodes.retain(|_, n| {
             let s = n.snapshot();
-            let keep = n.connected.load(Ordering::SeqCst) || s.age(now).is_none_or(|a| a <= limit);
+            let since = s.reported_at.unwrap_or(n.registered_at);
+            let keep =
+                n.connected.load(Ordering::SeqCst) || now.saturating_duration_since(since) <= limit;
             if !keep {
                 let mut w = n.writer.lock().expect("writer lock");
                 self.recount(n, &mut w, None);
@@ -609,6 +652,7 @@ impl Store {
         }
         match node {
             None => {
+                let _serial = self.global_lock.lock().expect("features lock");
                 let mut g = self.global_features();
                 for (k, v) in set {
                     g.set(k, *v);
