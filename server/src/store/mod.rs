@@ -516,6 +516,12 @@ impl Store {
         if cur.version != version {
             return false;
         }
+        self.add_claim(node, &mut w, &cur, cpu, now);
+        true
+    }
+
+    /// Counts one more task on `cpu` until its TTL, and publishes.
+    fn add_claim(&self, node: &Node, w: &mut Writer, cur: &Snapshot, cpu: usize, now: Instant) {
         let base = cur.state.cpus[cpu];
         w.claims
             .entry(cpu as u32)
@@ -525,10 +531,9 @@ impl Store {
             })
             .expires
             .push(now + self.config.claim_ttl);
-        let cpus = base_cpus(&cur, &w);
+        let cpus = base_cpus(cur, w);
         let topo = Arc::clone(&cur.topo);
-        self.publish(node, &mut w, cpus, topo, cur.features, None, &cur);
-        true
+        self.publish(node, w, cpus, topo, cur.features, None, cur);
     }
 
     /// Decides and claims under the node's writer lock: the fallback when
@@ -544,18 +549,7 @@ impl Store {
         let cur = node.snapshot();
         let (out, cpu) = decide(&cur);
         if let Some(cpu) = cpu {
-            let base = cur.state.cpus[cpu];
-            w.claims
-                .entry(cpu as u32)
-                .or_insert_with(|| ClaimSlot {
-                    base,
-                    expires: Vec::new(),
-                })
-                .expires
-                .push(now + self.config.claim_ttl);
-            let cpus = base_cpus(&cur, &w);
-            let topo = Arc::clone(&cur.topo);
-            self.publish(node, &mut w, cpus, topo, cur.features, None, &cur);
+            self.add_claim(node, &mut w, &cur, cpu, now);
         }
         out
     }
@@ -836,6 +830,22 @@ mod tests {
         assert_eq!(s.expire_claims(now), 0);
         assert_eq!(s.expire_claims(now + Duration::from_secs(1)), 1);
         assert!(n.snapshot().state.cpus[0].idle_cpu());
+    }
+
+    #[test]
+    fn a_claim_decided_under_the_writer_counts_like_an_optimistic_one() {
+        let s = Store::new(StoreConfig::default());
+        let (n, g) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
+        let now = Instant::now();
+        s.apply(&n, g, &full(4, 1, &[]), now).unwrap();
+        let seen = s.claim_locked(&n, now, |cur| (cur.version, Some(3)));
+        let snap = n.snapshot();
+        assert_eq!(snap.version, seen + 1);
+        assert_eq!(snap.claims, vec![(3, 1)]);
+        assert!(!snap.state.cpus[3].idle_cpu());
+        // Claiming nothing publishes nothing.
+        s.claim_locked(&n, now, |_| ((), None));
+        assert_eq!(n.snapshot().version, snap.version);
     }
 
     #[test]
