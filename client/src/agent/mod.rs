@@ -10,6 +10,8 @@
 pub mod pelt;
 pub mod procfs;
 pub mod sysfs;
+#[cfg(test)]
+mod temp_tree;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

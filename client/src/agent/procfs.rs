@@ -284,34 +284,29 @@ fn parse_digits<T: std::str::FromStr>(s: &str) -> Option<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::temp_tree::TempTree;
     use std::path::PathBuf;
-    use std::sync::atomic::{AtomicU32, Ordering};
 
-    /// A throw-away /proc-like tree under the system temp dir, removed on drop.
+    /// A throw-away procfs tree (see `temp_tree`).
     struct Fixture {
         root: PathBuf,
+        tree: TempTree,
     }
 
     impl Fixture {
         fn new(tag: &str) -> Self {
-            static SEQ: AtomicU32 = AtomicU32::new(0);
-            let root = std::env::temp_dir().join(format!(
-                "fairplace-procfs-{tag}-{}-{}",
-                std::process::id(),
-                SEQ.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = fs::remove_dir_all(&root);
-            fs::create_dir_all(&root).unwrap();
-            Fixture { root }
+            let tree = TempTree::new("procfs", tag);
+            Fixture {
+                root: tree.root.clone(),
+                tree,
+            }
         }
         fn write(&self, rel: &str, content: &str) -> &Self {
-            let p = self.root.join(rel);
-            fs::create_dir_all(p.parent().unwrap()).unwrap();
-            fs::write(p, content).unwrap();
+            self.tree.put(rel, content);
             self
         }
         fn mkdir(&self, rel: &str) -> &Self {
-            fs::create_dir_all(self.root.join(rel)).unwrap();
+            self.tree.mkdir(rel);
             self
         }
         fn task(&self, pid: u32, tid: u32, state: char, cpu: u32, policy: u32) -> &Self {
@@ -319,12 +314,6 @@ mod tests {
                 &format!("{pid}/task/{tid}/stat"),
                 &stat_line(tid, "worker", state, cpu, policy),
             )
-        }
-    }
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.root);
         }
     }
 

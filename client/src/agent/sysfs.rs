@@ -588,43 +588,33 @@ fn parse_digits(s: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::temp_tree::TempTree;
     use std::collections::BTreeSet;
-    use std::sync::atomic::{AtomicU32, Ordering};
 
-    /// A throw-away sysfs tree under the system temp dir, removed on drop.
+    /// A throw-away sysfs tree (see `temp_tree`).
     struct Fixture {
         root: PathBuf,
+        tree: TempTree,
     }
 
     impl Fixture {
         fn new(tag: &str) -> Self {
-            static SEQ: AtomicU32 = AtomicU32::new(0);
-            let root = std::env::temp_dir().join(format!(
-                "fairplace-sysfs-{tag}-{}-{}",
-                std::process::id(),
-                SEQ.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = fs::remove_dir_all(&root);
-            fs::create_dir_all(&root).unwrap();
-            Fixture { root }
+            let tree = TempTree::new("sysfs", tag);
+            Fixture {
+                root: tree.root.clone(),
+                tree,
+            }
         }
         fn write(&self, rel: &str, content: &str) -> &Self {
-            let p = self.root.join(rel);
-            fs::create_dir_all(p.parent().unwrap()).unwrap();
-            fs::write(p, format!("{content}\n")).unwrap();
+            self.tree.put(rel, &format!("{content}\n"));
             self
         }
         fn mkdir(&self, rel: &str) -> &Self {
-            fs::create_dir_all(self.root.join(rel)).unwrap();
+            self.tree.mkdir(rel);
             self
         }
         fn remove(&self, rel: &str) -> &Self {
-            let p = self.root.join(rel);
-            if p.is_dir() {
-                fs::remove_dir_all(p).unwrap();
-            } else {
-                fs::remove_file(p).unwrap();
-            }
+            self.tree.remove(rel);
             self
         }
         /// An online CPU with full topology, one data+instruction L1 private
@@ -656,12 +646,6 @@ mod tests {
             let t = read_topology(&self.root).unwrap();
             check_invariants(&t);
             t
-        }
-    }
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.root);
         }
     }
 
