@@ -55,6 +55,7 @@ fn cluster(c: &mut Criterion) {
                             seq: 1,
                             full: true,
                             cpus,
+                            ..Update::default()
                         },
                         Instant::now(),
                     )

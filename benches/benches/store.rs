@@ -47,6 +47,7 @@ fn store_vs_mutex(c: &mut Criterion) {
                 .enumerate()
                 .map(|(i, c)| (i as u32, c))
                 .collect(),
+            ..Update::default()
         })
         .collect();
 

@@ -149,6 +149,21 @@ impl Client {
         .await
     }
 
+    /// Load-balance proposals for a node or a cluster group. A balance that
+    /// applies its proposals as claims is not retried (it may have landed).
+    pub async fn balance(&self, req: pb::BalanceRequest) -> Result<pb::BalanceResponse, Status> {
+        if req.apply {
+            let mut c = self.placement.clone();
+            return c.balance(self.request(req)).await.map(|r| r.into_inner());
+        }
+        self.retry(|| {
+            let mut c = self.placement.clone();
+            let r = self.request(req.clone());
+            async move { c.balance(r).await }
+        })
+        .await
+    }
+
     /// A whole scenario (JSON) in, the decision (JSON) out.
     pub async fn decide(&self, scenario_json: &str) -> Result<String, Status> {
         let req = pb::DecideRequest {

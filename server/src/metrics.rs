@@ -30,10 +30,22 @@ pub const NODE_STATE_AGE: &str = "fairplace_node_state_age_seconds";
 pub const NODE_DECISIONS: &str = "fairplace_node_decisions_total";
 pub const CLUSTER_DECISIONS: &str = "fairplace_cluster_decisions_total";
 pub const CLUSTER_GROUPS_COMPARED: &str = "fairplace_cluster_groups_compared";
+pub const TASKS_REPORTED: &str = "fairplace_agent_tasks_reported_total";
+pub const BALANCE_PASSES: &str = "fairplace_balance_passes_total";
+pub const BALANCE_DOMAINS: &str = "fairplace_balance_domains_total";
+pub const BALANCE_PROPOSALS: &str = "fairplace_balance_proposals_total";
+pub const BALANCE_REJECTIONS: &str = "fairplace_balance_rejections_total";
+pub const BALANCE_DURATION: &str = "fairplace_balance_duration_seconds";
+pub const CACHE_SCAN_CPUS: &str = "fairplace_cache_scan_cpus";
+pub const CACHE_SCAN_PASSES: &str = "fairplace_cache_scan_passes_total";
+pub const CACHE_PREF_CHANGES: &str = "fairplace_cache_preference_changes_total";
+pub const NODE_CACHE_PROCESSES: &str = "fairplace_node_cache_processes_preferring";
+pub const NODE_CACHE_TASKS_PREF: &str = "fairplace_node_cache_tasks_with_preference";
+pub const NODE_CACHE_TASKS_ON_PREF: &str = "fairplace_node_cache_tasks_on_preferred_llc";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 24] = [
+pub const ALL: [(&str, &str, &str); 36] = [
     (
         DECISIONS,
         "counter",
@@ -154,7 +166,104 @@ pub const ALL: [(&str, &str, &str); 24] = [
         "histogram",
         "Groups and nodes compared by one cluster placement.",
     ),
+    (
+        TASKS_REPORTED,
+        "counter",
+        "Runnable tasks received in agent task lists.",
+    ),
+    (
+        BALANCE_PASSES,
+        "counter",
+        "Load-balance passes, by scope (node or a cluster level).",
+    ),
+    (
+        BALANCE_DOMAINS,
+        "counter",
+        "Domains a balance pass looked at, by outcome (balanced: sched_balance_rq ran; declined: should_we_balance said another CPU balances; not_due: interval not expired).",
+    ),
+    (
+        BALANCE_PROPOSALS,
+        "counter",
+        "Migration proposals, by migration type and kind (detach or active).",
+    ),
+    (
+        BALANCE_REJECTIONS,
+        "counter",
+        "Tasks can_migrate_task refused during balance passes, by reason.",
+    ),
+    (
+        BALANCE_DURATION,
+        "histogram",
+        "Time one balance pass took, in seconds, by scope.",
+    ),
+    (
+        CACHE_SCAN_CPUS,
+        "histogram",
+        "CPUs whose per-process record one task_cache_work pass read, by strategy (full or visit).",
+    ),
+    (
+        CACHE_SCAN_PASSES,
+        "counter",
+        "task_cache_work passes, by strategy.",
+    ),
+    (
+        CACHE_PREF_CHANGES,
+        "counter",
+        "Preferred-LLC changes made by task_cache_work.",
+    ),
+    (
+        NODE_CACHE_PROCESSES,
+        "gauge",
+        "Processes with a preferred LLC, by node.",
+    ),
+    (
+        NODE_CACHE_TASKS_PREF,
+        "gauge",
+        "Reported runnable tasks whose process has a preferred LLC, by node.",
+    ),
+    (
+        NODE_CACHE_TASKS_ON_PREF,
+        "gauge",
+        "Reported runnable tasks queued on their process's preferred LLC, by node.",
+    ),
 ];
+
+/// Records one task_cache_work pass.
+pub fn record_cache_scan(r: &crate::engine::cache::ScanReport) {
+    let s = r.strategy.as_str();
+    metrics::histogram!(CACHE_SCAN_CPUS, "strategy" => s).record(r.scanned as f64);
+    metrics::counter!(CACHE_SCAN_PASSES, "strategy" => s).increment(1);
+    if r.changed {
+        metrics::counter!(CACHE_PREF_CHANGES).increment(1);
+    }
+}
+
+/// Records one balance pass.
+pub fn record_balance(
+    scope: &'static str,
+    stats: &crate::engine::balance::PassStats,
+    proposals: impl Iterator<Item = (&'static str, bool)>,
+    took: f64,
+) {
+    metrics::counter!(BALANCE_PASSES, "scope" => scope).increment(1);
+    metrics::histogram!(BALANCE_DURATION, "scope" => scope).record(took);
+    for (outcome, n) in [
+        ("balanced", stats.domains_balanced),
+        ("declined", stats.domains_declined),
+        ("not_due", stats.domains_not_due),
+    ] {
+        if n > 0 {
+            metrics::counter!(BALANCE_DOMAINS, "outcome" => outcome).increment(n as u64);
+        }
+    }
+    for (ty, active) in proposals {
+        let kind = if active { "active" } else { "detach" };
+        metrics::counter!(BALANCE_PROPOSALS, "type" => ty, "kind" => kind).increment(1);
+    }
+    for (reason, n) in stats.rejection_counts() {
+        metrics::counter!(BALANCE_REJECTIONS, "reason" => reason).increment(n);
+    }
+}
 
 const LATENCY_BUCKETS: [f64; 16] = [
     1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3,
@@ -179,7 +288,14 @@ pub fn install(addr: SocketAddr) -> Result<PrometheusHandle, String> {
     describe();
     // Unlabelled series exist from the start, so a scrape (and an alert on
     // their rate) sees them before the first event.
-    for name in [RPC_SHED, CPU_UPDATES, CLAIMS_EXPIRED, CLAIM_RETRIES] {
+    for name in [
+        RPC_SHED,
+        CPU_UPDATES,
+        CLAIMS_EXPIRED,
+        CLAIM_RETRIES,
+        TASKS_REPORTED,
+        CACHE_PREF_CHANGES,
+    ] {
         metrics::counter!(name).absolute(0);
     }
     metrics::gauge!(CLAIMS_OUTSTANDING).set(0.0);
@@ -202,6 +318,8 @@ fn builder() -> Result<PrometheusBuilder, String> {
     let b = set(b, RPC_DURATION, &LATENCY_BUCKETS)?;
     let b = set(b, REPORT_APPLY_DURATION, &LATENCY_BUCKETS)?;
     let b = set(b, CLUSTER_GROUPS_COMPARED, &SCANNED_BUCKETS)?;
+    let b = set(b, CACHE_SCAN_CPUS, &SCANNED_BUCKETS)?;
+    let b = set(b, BALANCE_DURATION, &LATENCY_BUCKETS)?;
     set(b, DECISION_STATE_AGE, &AGE_BUCKETS)
 }
 

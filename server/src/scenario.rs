@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
-use crate::engine::features::{Features, System};
+use crate::engine::features::{Features, SERVICE_ONLY, System};
 use crate::engine::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::state::{CpuState, NodeState, Policy, SharedHint, Task};
 use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, TopologySpec};
@@ -403,6 +403,12 @@ fn parse_features(v: Option<&Value>) -> Result<Features, FieldError> {
         let on = val
             .as_bool()
             .ok_or_else(|| FieldError::new(&field, "must be true or false"))?;
+        if SERVICE_ONLY.contains(&k.as_str()) {
+            return Err(FieldError::new(
+                field,
+                "a service switch, not part of the scenario format (cache-aware scheduling is not modelled there)",
+            ));
+        }
         if !f.set(k, on) {
             return Err(FieldError::new(field, "unknown feature"));
         }

@@ -61,6 +61,7 @@ fn node(s: &Store, id: &str, zone: &str, rack: &str, cpus: u32, nbusy: u32) {
                 )
             })
             .collect(),
+        ..Update::default()
     };
     s.apply(&n, g, &u, Instant::now()).unwrap();
 }
@@ -101,6 +102,7 @@ fn spare_capacity_beats_an_overloaded_group() {
         seq: 1,
         full: true,
         cpus: (0..4).map(|i| (i, over)).collect(),
+        ..Update::default()
     };
     s.apply(&n, g, &u, Instant::now()).unwrap();
     let b = n.snapshot().agg;
@@ -275,7 +277,7 @@ proptest! {
         let mut gens = vec![];
         for ((id, labels, cpus), (_, _, _, seed)) in names.iter().zip(&nodes) {
             let (n, g) = s.register(id, labels.clone(), "t".into(), spec(*cpus)).unwrap();
-            s.apply(&n, g, &Update { seq: 1, full: true, cpus: state(*cpus, *seed) }, Instant::now()).unwrap();
+            s.apply(&n, g, &Update { seq: 1, full: true, cpus: state(*cpus, *seed), ..Update::default() }, Instant::now()).unwrap();
             gens.push((n, g, 1u64));
         }
         for (which, seed) in reports {
@@ -283,7 +285,7 @@ proptest! {
             let (n, g, seq) = &mut gens[k];
             *seq += 1;
             let cpus = names[k].2;
-            s.apply(n, *g, &Update { seq: *seq, full: true, cpus: state(cpus, seed) }, Instant::now()).unwrap();
+            s.apply(n, *g, &Update { seq: *seq, full: true, cpus: state(cpus, seed), ..Update::default() }, Instant::now()).unwrap();
             for (first, origin, select) in &reqs {
                 let origin = origin.as_ref().map(|o| {
                     let (id, labels, _) = &names[o.index(names.len())];

@@ -237,15 +237,22 @@ impl Reporter {
         cpus: Vec<pb::CpuState>,
         node_id: &str,
     ) -> Result<pb::Ack, tonic::Status> {
+        self.send(pb::Update {
+            seq,
+            full,
+            cpus,
+            agent_time_ns: 0,
+            node_id: node_id.into(),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Sends any update and returns the server's answer to it.
+    pub async fn send(&mut self, u: pb::Update) -> Result<pb::Ack, tonic::Status> {
         self.tx
             .send(pb::AgentMessage {
-                body: Some(Body::Update(pb::Update {
-                    seq,
-                    full,
-                    cpus,
-                    agent_time_ns: 0,
-                    node_id: node_id.into(),
-                })),
+                body: Some(Body::Update(u)),
             })
             .await
             .map_err(|_| tonic::Status::unavailable("stream closed"))?;
@@ -343,4 +350,50 @@ pub fn scenario_of(node: &pb::GetNodeResponse) -> serde_json::Value {
         );
     }
     json!({"topology": t, "cpus": cpus})
+}
+
+/// A full update of `ncpus` CPUs where each `(cpu, k)` runs `k` nice-0
+/// tasks of process 7 (load 1024 each, the first running, the others
+/// queued 1 ms apart and cold), and every other CPU is idle.
+pub fn tasks_update(seq: u64, ncpus: u32, busy: &[(u32, u32)]) -> pb::Update {
+    let clock = 10_000_000_000i64;
+    let mut cpus = Vec::new();
+    let mut tasks = Vec::new();
+    for id in 0..ncpus {
+        let k = busy.iter().find(|(c, _)| *c == id).map_or(0, |(_, k)| *k);
+        cpus.push(pb::CpuState {
+            id,
+            online: true,
+            nr_running: k,
+            load_avg: 1024 * k as i64,
+            runnable_avg: 1024 * k as i64,
+            util_avg: if k > 0 { 1000 } else { 0 },
+            util_est: if k > 0 { 1000 } else { 0 },
+            ..Default::default()
+        });
+        tasks.push(pb::CpuTasks {
+            cpu: id,
+            tasks: (0..k)
+                .map(|j| pb::RunnableTask {
+                    id: (id * 100 + j + 1) as u64,
+                    group: 7,
+                    load_avg: 1024,
+                    util_avg: 1000 / k as i64,
+                    runnable_avg: 1024,
+                    running: j == 0,
+                    exec_start: clock - 10_000_000 * j as i64,
+                    nr_threads: 3,
+                    ..Default::default()
+                })
+                .collect(),
+            clock_task: clock,
+        });
+    }
+    pb::Update {
+        seq,
+        full: true,
+        cpus,
+        tasks,
+        ..Default::default()
+    }
 }

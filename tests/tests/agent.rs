@@ -313,6 +313,35 @@ fn metrics_show_every_documented_series_after_some_traffic() {
         .unwrap();
         let a = r.update(3, false, vec![], "x").await.unwrap();
         assert!(a.rejection.is_some());
+        // Tasks and runtime on a two-LLC node, then a balance pass: the
+        // balance, task and cache-aware series.
+        let mut t = fairplace_e2e::Reporter::register(
+            &server.grpc,
+            "t",
+            fairplace_e2e::topology(1, 2, 2, 1),
+        )
+        .await
+        .unwrap();
+        for seq in 1..=3 {
+            let mut u = fairplace_e2e::tasks_update(seq, 4, &[(0, 3)]);
+            u.runtime = vec![pb::ProcessRuntime {
+                group: 7,
+                cpu: 0,
+                runtime_ns: 5_000_000,
+                nr_threads: 3,
+            }];
+            let a = t.send(u).await.unwrap();
+            assert!(a.rejection.is_none(), "{a:?}");
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        let b = c
+            .balance(pb::BalanceRequest {
+                node_id: "t".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(!b.proposals.is_empty(), "{b:?}");
         tokio::time::sleep(Duration::from_millis(700)).await;
     });
     let text = http_get(&server.metrics);

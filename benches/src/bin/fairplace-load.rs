@@ -244,6 +244,7 @@ fn update(seq: u64, full: bool, cpus: Vec<pb::CpuState>) -> pb::AgentMessage {
             cpus,
             agent_time_ns: 0,
             node_id: String::new(),
+            ..Default::default()
         })),
     }
 }
@@ -275,6 +276,7 @@ fn memory_in_process(nodes: usize, cpus: u32) {
                 .iter()
                 .map(|c| (c.id, fairplace::service::convert::cpu_state(c, 1024)))
                 .collect(),
+            ..Update::default()
         };
         store.apply(&n, g, &u, now).unwrap();
     }

@@ -10,6 +10,7 @@
 pub mod pelt;
 pub mod procfs;
 pub mod sysfs;
+pub mod tasks;
 #[cfg(test)]
 mod temp_tree;
 
@@ -22,11 +23,72 @@ use pb::agent_service_client::AgentServiceClient;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
+/// Runnable tasks per CPU and runtime per process, from one sample.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TaskReport {
+    /// One entry per CPU, in CPU order.
+    pub cpus: Vec<pb::CpuTasks>,
+    pub runtime: Vec<pb::ProcessRuntime>,
+}
+
 /// Where a node's state comes from.
 pub trait Source: Send + 'static {
     fn topology(&self) -> pb::Topology;
     /// The current state of every CPU.
     fn sample(&mut self) -> Vec<pb::CpuState>;
+    /// The tasks of the sample just taken; `None`: this source reports none.
+    fn sample_tasks(&mut self) -> Option<TaskReport> {
+        None
+    }
+}
+
+/// CLOCK_MONOTONIC in ns: the agent's stand-in for `rq_clock_task()` (both
+/// count from boot; they differ by IRQ time and suspend).
+fn monotonic_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the timespec it is given.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+const MAX_SIGNAL: i64 = (1 << 31) - 1;
+
+/// A sampled thread as the protocol carries it.
+fn task_to_pb(t: &tasks::TaskSample, nr_cpus: usize) -> pb::RunnableTask {
+    let policy = match t.policy {
+        3 => pb::Policy::Batch,
+        5 => pb::Policy::Idle,
+        _ => pb::Policy::Normal,
+    };
+    let clamp = |v: i64| v.clamp(0, MAX_SIGNAL);
+    pb::RunnableTask {
+        id: t.tid as u64,
+        group: if t.kernel_thread { 0 } else { t.pid as u64 },
+        policy: policy as i32,
+        nice: t.nice.clamp(-20, 19),
+        // Every CPU is the default: leave it out.
+        cpus_allowed: if t.nr_cpus_allowed as usize >= nr_cpus {
+            String::new()
+        } else {
+            t.cpus_allowed.clone()
+        },
+        load_avg: clamp(t.load_avg),
+        util_avg: clamp(t.util_avg),
+        util_est: clamp(t.util_est),
+        runnable_avg: clamp(t.runnable_avg),
+        running: t.running,
+        exec_start: t.exec_start_ns.min(1 << 62) as i64,
+        migration_disabled: false,
+        per_cpu_kthread: t.kernel_thread && t.nr_cpus_allowed == 1,
+        sched_delayed: false,
+        nr_threads: t.nr_threads,
+    }
 }
 
 /// This machine, read from sysfs and procfs.
@@ -39,6 +101,9 @@ pub struct Machine {
     /// Nanoseconds per /proc/stat tick (USER_HZ is 100 on Linux).
     tick_ns: u64,
     pub last_read: Duration,
+    /// Tasks reported per CPU, biggest first; 0 = no task lists.
+    task_cap: usize,
+    tracker: tasks::RuntimeTracker,
 }
 
 impl Machine {
@@ -53,7 +118,16 @@ impl Machine {
             prev: vec![None; n],
             tick_ns: 10_000_000,
             last_read: Duration::ZERO,
+            task_cap: 0,
+            tracker: tasks::RuntimeTracker::new(),
         })
+    }
+
+    /// Reports up to `cap` runnable tasks per CPU (0: none) and per-process
+    /// runtime.
+    pub fn with_task_cap(mut self, cap: usize) -> Machine {
+        self.task_cap = cap;
+        self
     }
 
     /// The real machine.
@@ -161,6 +235,44 @@ impl Source for Machine {
         self.last_read = t0.elapsed();
         out
     }
+
+    fn sample_tasks(&mut self) -> Option<TaskReport> {
+        if self.task_cap == 0 {
+            return None;
+        }
+        let n = self.nr_cpus();
+        let me = std::process::id();
+        // The agent's own threads are not part of the workload.
+        let threads: Vec<tasks::TaskSample> = tasks::read_threads(&self.proc, self.tick_ns)
+            .ok()?
+            .into_iter()
+            .filter(|t| t.pid != me)
+            .collect();
+        let runtime = self
+            .tracker
+            .update(&threads)
+            .into_iter()
+            .map(|d| pb::ProcessRuntime {
+                group: d.pid as u64,
+                cpu: d.cpu,
+                runtime_ns: d.runtime_ns,
+                nr_threads: d.nr_threads,
+            })
+            .collect();
+        let mut per_cpu = tasks::runnable_fair(&threads, n);
+        tasks::cap_biggest_first(&mut per_cpu, self.task_cap);
+        let clock = monotonic_ns();
+        let cpus = per_cpu
+            .iter()
+            .enumerate()
+            .map(|(i, l)| pb::CpuTasks {
+                cpu: i as u32,
+                tasks: l.iter().map(|t| task_to_pb(t, n)).collect(),
+                clock_task: clock,
+            })
+            .collect();
+        Some(TaskReport { cpus, runtime })
+    }
 }
 
 /// The CPU this process's current thread last ran on (field 39 of its stat).
@@ -178,6 +290,9 @@ pub struct Simulated {
     state: Vec<pb::CpuState>,
     /// Share of CPUs that change per sample, in percent.
     pub churn_pct: u32,
+    /// Report a task list consistent with each CPU's nr_running.
+    pub tasks: bool,
+    last_sample: Option<i64>,
 }
 
 impl Simulated {
@@ -192,6 +307,8 @@ impl Simulated {
             rng: seed | 1,
             state: Vec::new(),
             churn_pct: 10,
+            tasks: false,
+            last_sample: None,
         };
         s.state = (0..s.nr_cpus()).map(|i| s.random_cpu(i)).collect();
         s
@@ -270,6 +387,58 @@ impl Source for Simulated {
         }
         self.state.clone()
     }
+
+    /// Tasks matching each CPU's state: `nr_running` nice-0 tasks sharing
+    /// its load, the first running, the others queued 1 ms apart; threads
+    /// of a process spread over four neighbouring CPUs. Runtime is the
+    /// CPU's utilisation of the time since the last sample.
+    fn sample_tasks(&mut self) -> Option<TaskReport> {
+        if !self.tasks {
+            return None;
+        }
+        let clock = monotonic_ns();
+        let elapsed = self.last_sample.map_or(0, |t| (clock - t).max(0));
+        self.last_sample = Some(clock);
+        let mut cpus = Vec::with_capacity(self.state.len());
+        let mut runtime = Vec::new();
+        for c in &self.state {
+            let k = c.nr_running as i64;
+            let group = 1 + (c.id as u64 / 4) % 5;
+            let list = (0..k)
+                .map(|j| pb::RunnableTask {
+                    id: c.id as u64 * 64 + j as u64 + 1,
+                    group,
+                    policy: if c.h_nr_idle > 0 {
+                        pb::Policy::Idle as i32
+                    } else {
+                        pb::Policy::Normal as i32
+                    },
+                    load_avg: c.load_avg / k,
+                    util_avg: c.util_avg / k,
+                    util_est: c.util_est / k,
+                    runnable_avg: c.runnable_avg / k,
+                    running: j == 0,
+                    exec_start: (clock - j * 1_000_000).max(0),
+                    nr_threads: 8,
+                    ..Default::default()
+                })
+                .collect();
+            if k > 0 && elapsed > 0 {
+                runtime.push(pb::ProcessRuntime {
+                    group,
+                    cpu: c.id,
+                    runtime_ns: (elapsed as u64).saturating_mul(c.util_avg.max(0) as u64) / 1024,
+                    nr_threads: 8,
+                });
+            }
+            cpus.push(pb::CpuTasks {
+                cpu: c.id,
+                tasks: list,
+                clock_task: clock,
+            });
+        }
+        Some(TaskReport { cpus, runtime })
+    }
 }
 
 /// How one node's stream is run.
@@ -334,6 +503,24 @@ pub async fn stream<S: Source>(
     }
 }
 
+/// The task lists to send: all with a full update; otherwise every CPU
+/// with tasks (their clock moves on) and every CPU whose list emptied.
+fn task_lists(
+    full: bool,
+    last: Option<&[pb::CpuTasks]>,
+    now: &[pb::CpuTasks],
+) -> Vec<pb::CpuTasks> {
+    match last {
+        Some(prev) if !full && prev.len() == now.len() => now
+            .iter()
+            .zip(prev)
+            .filter(|(a, b)| !a.tasks.is_empty() || !b.tasks.is_empty())
+            .map(|(a, _)| a.clone())
+            .collect(),
+        _ => now.to_vec(),
+    }
+}
+
 fn seed_from(s: &str) -> u64 {
     s.bytes().fold(0x9e3779b97f4a7c15u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)
@@ -388,6 +575,7 @@ async fn run_once<S: Source>(
     }
     stats.send_modify(|s| s.connects += 1);
     let mut last: Option<Vec<pb::CpuState>> = None;
+    let mut last_tasks: Option<Vec<pb::CpuTasks>> = None;
     let mut need_full = true;
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -425,6 +613,15 @@ async fn run_once<S: Source>(
                     }
                     _ => (true, now.clone()),
                 };
+                let report = source.sample_tasks();
+                let (tasks, runtime) = match report {
+                    Some(r) => {
+                        let lists = task_lists(full, last_tasks.as_deref(), &r.cpus);
+                        last_tasks = Some(r.cpus);
+                        (lists, r.runtime)
+                    }
+                    None => (Vec::new(), Vec::new()),
+                };
                 *seq += 1;
                 let n = cpus.len() as u64;
                 let msg = pb::AgentMessage {
@@ -434,6 +631,8 @@ async fn run_once<S: Source>(
                         cpus,
                         agent_time_ns: 0,
                         node_id: cfg.node_id.clone(),
+                        tasks,
+                        runtime,
                     })),
                 };
                 let t1 = Instant::now();

@@ -79,6 +79,12 @@ pub struct TaskStat {
     pub tid: u32,
     /// Field 3: R, S, D, Z, T, t, X, I, …
     pub state: char,
+    /// Field 9: the kernel's `task->flags` (`PF_*` bits, e.g.
+    /// [`PF_KTHREAD`]).
+    pub flags: u32,
+    /// Field 19: nice value, -20 … 19. For RT and DEADLINE threads it is the
+    /// nice they would have in the fair class, not their priority.
+    pub nice: i32,
     /// Field 39: CPU the thread last ran on (for a runnable thread, the
     /// runqueue it is queued on).
     pub processor: u32,
@@ -120,6 +126,8 @@ pub fn parse_task_stat(text: &str) -> Option<TaskStat> {
         pid: tid,
         tid,
         state,
+        flags: parse_digits(field(9)?)?,
+        nice: parse_signed_i32(field(19)?)?,
         processor: parse_digits(field(39)?)?,
         policy: parse_digits(field(41)?)?,
         comm,
@@ -127,6 +135,10 @@ pub fn parse_task_stat(text: &str) -> Option<TaskStat> {
         stime: parse_digits(field(15)?)?,
     })
 }
+
+/// `PF_KTHREAD` in [`TaskStat::flags`]: the thread is a kernel thread (no
+/// user address space).
+pub const PF_KTHREAD: u32 = 0x0020_0000;
 
 /// Per-CPU runnable-thread counts, indexed by CPU id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,7 +205,7 @@ pub fn read_runqueues(proc_root: &Path, nr_cpus: usize) -> io::Result<RunqueueCo
 
 /// The numeric name of a directory entry, `None` for non-numeric names
 /// (`self`, `sys`, …) and for entries that vanished while listing.
-fn numeric_entry(entry: io::Result<fs::DirEntry>) -> io::Result<Option<u32>> {
+pub(super) fn numeric_entry(entry: io::Result<fs::DirEntry>) -> io::Result<Option<u32>> {
     match entry {
         Ok(e) => Ok(e.file_name().to_str().and_then(parse_digits)),
         Err(e) if vanished(&e) => Ok(None),
@@ -203,7 +215,7 @@ fn numeric_entry(entry: io::Result<fs::DirEntry>) -> io::Result<Option<u32>> {
 
 /// ENOENT: the directory is gone. ESRCH: procfs found the pid but the task
 /// exited before it could be inspected.
-fn vanished(e: &io::Error) -> bool {
+pub(super) fn vanished(e: &io::Error) -> bool {
     const ESRCH: i32 = 3;
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(ESRCH)
 }
@@ -218,6 +230,20 @@ pub struct TaskSched {
     pub sum_exec_runtime_ns: Option<u64>,
     /// `se.nr_migrations`: how often the thread changed CPU.
     pub nr_migrations: Option<u64>,
+    /// `se.avg.load_avg`: PELT load average (runnable time weighted by the
+    /// thread's load weight, so a nice-0 thread always runnable reads ~1024).
+    /// The `se.avg.*` lines are printed only with CONFIG_SMP.
+    pub load_avg: Option<u64>,
+    /// `se.avg.runnable_avg`: PELT runnable (running or queued) average,
+    /// 0 … 1024 per thread.
+    pub runnable_avg: Option<u64>,
+    /// `se.avg.util_avg`: PELT running average, 0 … 1024 per thread.
+    pub util_avg: Option<u64>,
+    /// Estimated utilization: `se.avg.util_est` since Linux 6.9,
+    /// `se.avg.util_est.enqueued` before. Current kernels mask out the
+    /// internal `UTIL_AVG_UNCHANGED` flag when printing it; old ones kept it
+    /// in the low bit unmasked, so the value may read one too high there.
+    pub util_est: Option<u64>,
 }
 
 /// Parses the `key : value` lines of a task's `sched` file.
@@ -227,6 +253,8 @@ pub struct TaskSched {
 /// *is* the sub-millisecond nanoseconds. Parsing it as integers keeps the
 /// value exact; going through f64 would lose precision past 2^53 ns
 /// (~104 days of uptime) and make deltas of `sum_exec_runtime` jitter.
+/// Counts and PELT averages (`se.nr_migrations`, `se.avg.*`) are plain
+/// integers.
 /// A field that is absent, negative, malformed or overflows u64 is `None`.
 /// Only the first occurrence of a key counts.
 pub fn parse_task_sched(text: &str) -> TaskSched {
@@ -246,10 +274,82 @@ pub fn parse_task_sched(text: &str) -> TaskSched {
             "se.nr_migrations" if out.nr_migrations.is_none() => {
                 out.nr_migrations = parse_digits(value);
             }
+            "se.avg.load_avg" if out.load_avg.is_none() => {
+                out.load_avg = parse_digits(value);
+            }
+            "se.avg.runnable_avg" if out.runnable_avg.is_none() => {
+                out.runnable_avg = parse_digits(value);
+            }
+            "se.avg.util_avg" if out.util_avg.is_none() => {
+                out.util_avg = parse_digits(value);
+            }
+            "se.avg.util_est" | "se.avg.util_est.enqueued" if out.util_est.is_none() => {
+                out.util_est = parse_digits(value);
+            }
             _ => {}
         }
     }
     out
+}
+
+/// The fields of `/proc/PID/task/TID/status` the agent needs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TaskStatus {
+    /// `Cpus_allowed_list`, trimmed ("0-3,8"), with the number of CPUs it
+    /// names. `None` if the line is absent or not a valid list.
+    pub cpus_allowed: Option<(String, u32)>,
+    /// `Threads`: number of threads in the thread group.
+    pub nr_threads: Option<u32>,
+}
+
+/// Parses the `Key:\tvalue` lines of a task's `status` file.
+///
+/// `Name:` comes first and holds the thread's comm with `\n` and `\\`
+/// escaped by the kernel, so a hostile name cannot forge a line; keys are
+/// still matched exactly and only their first occurrence counts.
+pub fn parse_task_status(text: &str) -> TaskStatus {
+    let mut out = TaskStatus::default();
+    let mut seen_cpus = false;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match key {
+            "Cpus_allowed_list" if !seen_cpus => {
+                seen_cpus = true;
+                out.cpus_allowed = count_cpulist(value).map(|n| (value.to_owned(), n));
+            }
+            "Threads" if out.nr_threads.is_none() => out.nr_threads = parse_digits(value),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Number of CPUs in a kernel cpulist ("0-3,8" → 5), without building the
+/// list: on a 4096-CPU machine every unpinned thread says "0-4095".
+///
+/// The kernel prints (`%*pbl`) ascending, disjoint ranges, so the count is
+/// the sum of the range lengths. An empty list is 0 CPUs; an empty element,
+/// a sign, a descending range or an overflow is `None`.
+fn count_cpulist(s: &str) -> Option<u32> {
+    if s.is_empty() {
+        return Some(0);
+    }
+    let mut total: u32 = 0;
+    for part in s.split(',') {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (parse_digits::<u32>(a)?, parse_digits::<u32>(b)?),
+            None => {
+                let v = parse_digits::<u32>(part)?;
+                (v, v)
+            }
+        };
+        let len = hi.checked_sub(lo)?.checked_add(1)?;
+        total = total.checked_add(len)?;
+    }
+    Some(total)
 }
 
 /// "12345.678901" (ms) → 12_345_678_901 ns, exactly. Fractions shorter than
@@ -271,6 +371,15 @@ fn parse_ms_to_ns(s: &str) -> Option<u64> {
         return None;
     }
     ms.checked_mul(1_000_000)?.checked_add(ns_part)
+}
+
+/// Strict decimal with an optional leading `-`, as the kernel's `%d` prints
+/// it (nice values): no `+`, no spaces.
+fn parse_signed_i32(s: &str) -> Option<i32> {
+    match s.strip_prefix('-') {
+        Some(abs) => i32::try_from(-parse_digits::<i64>(abs)?).ok(),
+        None => parse_digits(s),
+    }
 }
 
 /// Strict decimal: no sign, no spaces (`str::parse` would accept "+1").
@@ -415,6 +524,8 @@ procs_running 2
                 pid: 17525,
                 tid: 17525,
                 state: 'R',
+                flags: 4194304,
+                nice: 0,
                 processor: 1,
                 policy: 0,
                 comm: "cat".into(),
@@ -435,6 +546,37 @@ procs_running 2
             (s.tid, s.utime, s.stime, s.processor, s.policy),
             (10, 140, 150, 390, 410)
         );
+        assert_eq!((s.flags, s.nice), (90, 190));
+    }
+
+    #[test]
+    fn task_stat_nice_and_kthread_flag() {
+        // kthreadd on 6.18: flags 0x208040 (PF_KTHREAD | PF_NOFREEZE | …).
+        let line = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 25 0 0 18446744073709551615 0 0 0 0 0 0 0 2147483647 0 1 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
+        let s = parse_task_stat(line).unwrap();
+        assert_eq!((s.flags, s.nice), (2_129_984, 0));
+        assert_ne!(s.flags & PF_KTHREAD, 0);
+        let mut f: Vec<String> = stat_line(7, "w", 'R', 0, 0)
+            .split(' ')
+            .map(str::to_owned)
+            .collect();
+        for (nice, want) in [("-20", Some(-20)), ("19", Some(19)), ("-0", Some(0))] {
+            f[18] = nice.into();
+            assert_eq!(
+                parse_task_stat(&f.join(" ")).map(|s| s.nice),
+                want,
+                "{nice:?}"
+            );
+        }
+        for bad in ["+1", "--1", "-", "1-", "-2147483649", "2147483648"] {
+            f[18] = bad.into();
+            assert!(parse_task_stat(&f.join(" ")).is_none(), "{bad:?}");
+        }
+        f[18] = "-2147483648".into();
+        assert_eq!(parse_task_stat(&f.join(" ")).unwrap().nice, i32::MIN);
+        f[18] = "0".into();
+        f[8] = "-1".into();
+        assert!(parse_task_stat(&f.join(" ")).is_none(), "negative flags");
     }
 
     #[test]
@@ -603,7 +745,8 @@ current_node=0, numa_group_id=0
             TaskSched {
                 exec_start_ns: None,
                 sum_exec_runtime_ns: Some(2_000_000),
-                nr_migrations: None
+                nr_migrations: None,
+                ..TaskSched::default()
             }
         );
         // Prefix keys must not match.
@@ -611,6 +754,99 @@ current_node=0, numa_group_id=0
             "se.exec_start_foo : 1.000000\nse.statistics.nr_migrations_cold : 3\n",
         );
         assert_eq!(s, TaskSched::default());
+    }
+
+    /// The 6.18 layout (`se.avg.*` present, single `se.avg.util_est`).
+    const SCHED_AVG: &str = "\
+sh (28868, #threads: 1)
+-------------------------------------------------------------------
+se.exec_start                                :      16950199.648690
+se.vruntime                                  :           -1.048576
+se.sum_exec_runtime                          :             1.143827
+se.nr_migrations                             :                    0
+se.load.weight                               :              1048576
+se.avg.load_sum                              :                46704
+se.avg.runnable_sum                          :             24425508
+se.avg.util_sum                              :             24425508
+se.avg.load_avg                              :                 1022
+se.avg.runnable_avg                          :                  522
+se.avg.util_avg                              :                  521
+se.avg.last_update_time                      :       16950199648256
+se.avg.util_est                              :                  520
+policy                                       :                    0
+";
+
+    #[test]
+    fn task_sched_pelt_averages() {
+        assert_eq!(
+            parse_task_sched(SCHED_AVG),
+            TaskSched {
+                exec_start_ns: Some(16_950_199_648_690),
+                sum_exec_runtime_ns: Some(1_143_827),
+                nr_migrations: Some(0),
+                load_avg: Some(1022),
+                runnable_avg: Some(522),
+                util_avg: Some(521),
+                util_est: Some(520),
+            }
+        );
+        // Before 6.9 util_est had two lines; `enqueued` is the one we want.
+        let old =
+            "se.avg.util_avg : 300\nse.avg.util_est.ewma : 280\nse.avg.util_est.enqueued : 290\n";
+        let s = parse_task_sched(old);
+        assert_eq!((s.util_avg, s.util_est), (Some(300), Some(290)));
+        // Without the se.avg lines (the SCHED fixture) they are all None.
+        let s = parse_task_sched(SCHED);
+        assert_eq!(
+            (s.load_avg, s.runnable_avg, s.util_avg, s.util_est),
+            (None, None, None, None)
+        );
+        // Negative, fractional or prefixed values are rejected, not guessed.
+        let s = parse_task_sched(
+            "se.avg.load_avg : -1\nse.avg.util_avg : 1.5\nse.avg.runnable_avg : +3\nse.avg.util_est_x : 4\n",
+        );
+        assert_eq!(s, TaskSched::default());
+    }
+
+    // ---- task status ----
+
+    #[test]
+    fn task_status_fields() {
+        let text = "Name:\tev\\nCpus_allowed_list:\t9\nUmask:\t0022\nState:\tR (running)\n\
+                    Threads:\t17\nCpus_allowed:\t10f\nCpus_allowed_list:\t0-3,8\n\
+                    Mems_allowed_list:\t0\nThreads:\t2\n";
+        assert_eq!(
+            parse_task_status(text),
+            TaskStatus {
+                cpus_allowed: Some(("0-3,8".into(), 5)),
+                nr_threads: Some(17),
+            }
+        );
+        assert_eq!(parse_task_status(""), TaskStatus::default());
+        let s = parse_task_status("Cpus_allowed_list:\t3-1\nThreads:\t-1\n");
+        assert_eq!(s, TaskStatus::default(), "invalid values are absent");
+    }
+
+    #[test]
+    fn cpulist_counts() {
+        assert_eq!(count_cpulist(""), Some(0));
+        assert_eq!(count_cpulist("0"), Some(1));
+        assert_eq!(count_cpulist("0-4095"), Some(4096));
+        assert_eq!(count_cpulist("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpulist("0-4294967294"), Some(u32::MAX));
+        for bad in [
+            "0-4294967295",
+            "1,",
+            ",1",
+            "3-1",
+            "-1",
+            "1-",
+            "a",
+            "0 -3",
+            "+1",
+        ] {
+            assert_eq!(count_cpulist(bad), None, "{bad:?}");
+        }
     }
 
     // ---- the real machine ----
@@ -649,5 +885,9 @@ current_node=0, numa_group_id=0
             assert!(s.sum_exec_runtime_ns.is_some());
             assert!(s.exec_start_ns.is_some() && s.nr_migrations.is_some());
         }
+        let status = parse_task_status(&fs::read_to_string("/proc/thread-self/status").unwrap());
+        let (list, n) = status.cpus_allowed.expect("Cpus_allowed_list since 2.6.26");
+        assert!(n >= 1 && !list.is_empty(), "{list:?}");
+        assert!(status.nr_threads.is_some_and(|n| n >= 1));
     }
 }

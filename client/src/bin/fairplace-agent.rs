@@ -36,6 +36,14 @@ struct Args {
     /// Share of a simulated node's CPUs that change per report (%).
     #[arg(long, default_value_t = 10)]
     simulate_churn_pct: u32,
+    /// Runnable tasks reported per CPU, biggest load first, for load
+    /// balancing (0: report no tasks). Each report then reads every
+    /// thread's /proc sched file.
+    #[arg(long, default_value_t = 32)]
+    task_cap: usize,
+    /// Simulated nodes report task lists matching their runqueues.
+    #[arg(long)]
+    simulate_tasks: bool,
     /// Serve the agent's own Prometheus metrics here.
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
@@ -122,6 +130,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             for i in 0..n {
                 let mut sim = Simulated::new(a.simulate_cpus, i as u64 + 1);
                 sim.churn_pct = a.simulate_churn_pct;
+                sim.tasks = a.simulate_tasks;
                 let (st, _) = watch::channel(StreamStats::default());
                 tasks.push(tokio::spawn(stream(
                     cfg(format!("{base}-sim-{i}")),
@@ -133,7 +142,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tracing::info!(nodes = n, cpus = a.simulate_cpus, "simulating");
         }
         None => {
-            let m = Machine::new(a.sys_root.clone().into(), a.proc_root.clone().into())?;
+            let m = Machine::new(a.sys_root.clone().into(), a.proc_root.clone().into())?
+                .with_task_cap(a.task_cap);
             tracing::info!(node = %base, cpus = m.nr_cpus(), "reading this machine");
             let (st, _) = watch::channel(StreamStats::default());
             tasks.push(tokio::spawn(stream(

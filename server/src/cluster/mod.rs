@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::engine::state::NodeState;
+use crate::engine::state::{CpuState, NodeState};
 use crate::engine::topology::Topology;
 
 /// One level of the hierarchy: the label that names its groups and the
@@ -83,19 +83,25 @@ impl NodeAgg {
                 continue;
             }
             a.cpus += 1;
-            a.nr_running += c.nr_running as i64;
-            if c.nr_running == 0 && c.curr_is_idle && !c.ttwu_pending {
-                a.idle_cpus += 1;
-            }
-            a.sched_idle_cpus += c.sched_idle_rq() as i64;
-            a.load += c.load_avg;
-            a.runnable += c.runnable_avg;
-            let e = if util_est { c.util_est } else { 0 };
-            a.util += c.util_avg.max(e).min(topo.capacity_orig(i) as i64);
-            a.capacity += c.capacity as i64;
+            a.add_cpu(topo, i, c, util_est, 1);
             a.max_capacity = a.max_capacity.max(c.capacity as i64);
         }
         a
+    }
+
+    /// Adds (`sign` 1) or removes (-1) one online CPU's share of the sums
+    /// (not its count or the maximum capacity).
+    pub fn add_cpu(&mut self, topo: &Topology, i: usize, c: &CpuState, util_est: bool, sign: i64) {
+        self.nr_running += sign * c.nr_running as i64;
+        if c.nr_running == 0 && c.curr_is_idle && !c.ttwu_pending {
+            self.idle_cpus += sign;
+        }
+        self.sched_idle_cpus += sign * c.sched_idle_rq() as i64;
+        self.load += sign * c.load_avg;
+        self.runnable += sign * c.runnable_avg;
+        let e = if util_est { c.util_est } else { 0 };
+        self.util += sign * c.util_avg.max(e).min(topo.capacity_orig(i) as i64);
+        self.capacity += sign * c.capacity as i64;
     }
 }
 
@@ -234,6 +240,27 @@ pub struct Group {
     nodes: RwLock<BTreeMap<String, ()>>,
 }
 
+impl Group {
+    /// The child groups, in name order.
+    pub fn child_groups(&self) -> Vec<(String, Arc<Group>)> {
+        self.children
+            .read()
+            .expect("children")
+            .iter()
+            .map(|(k, c)| (k.clone(), Arc::clone(c)))
+            .collect()
+    }
+
+    /// Every node counted under this group, in path then name order.
+    pub fn all_nodes(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.nodes.read().expect("nodes").keys().cloned().collect();
+        for (_, c) in self.child_groups() {
+            out.extend(c.all_nodes());
+        }
+        out
+    }
+}
+
 /// The hierarchy and its incrementally kept sums.
 #[derive(Debug, Default)]
 pub struct Cluster {
@@ -309,6 +336,16 @@ impl Cluster {
         } else {
             nodes.remove(node);
         }
+    }
+
+    /// The group named by `path` (label values from the top), if any.
+    pub fn group(&self, path: &[String]) -> Option<Arc<Group>> {
+        let mut g = Arc::clone(&self.root);
+        for key in path {
+            let child = g.children.read().expect("children").get(key).cloned()?;
+            g = child;
+        }
+        Some(g)
     }
 
     /// The top group's sums (every counted node).

@@ -18,6 +18,13 @@ pub struct Features {
     pub skip_sched_idle_for_idle_task: bool,
     /// `sched_exec()` goes through the core `select_task_rq()` wrapper.
     pub exec_bound_fast_path: bool,
+    /// Cache-aware scheduling (`sched/llc_balancing/enabled`): processes
+    /// get a preferred LLC and load balancing honours it.
+    pub sched_cache: bool,
+    /// `task_cache_work` scans only the CPUs a process visited.
+    pub sc_visit: bool,
+    /// `task_cache_work` scans only the NUMA nodes in play.
+    pub sc_node: bool,
 }
 
 impl Default for Features {
@@ -33,12 +40,15 @@ impl Default for Features {
             prefer_last_idle_cpu: false,
             skip_sched_idle_for_idle_task: true,
             exec_bound_fast_path: true,
+            sched_cache: true,
+            sc_visit: false,
+            sc_node: false,
         }
     }
 }
 
 /// Feature names as written in scenarios and in `sched/features`.
-pub const FEATURE_NAMES: [&str; 10] = [
+pub const FEATURE_NAMES: [&str; 13] = [
     "SIS_UTIL",
     "WA_IDLE",
     "WA_WEIGHT",
@@ -49,7 +59,14 @@ pub const FEATURE_NAMES: [&str; 10] = [
     "PREFER_LAST_IDLE_CPU",
     "SKIP_SCHED_IDLE_FOR_IDLE_TASK",
     "EXEC_BOUND_FAST_PATH",
+    "SCHED_CACHE",
+    "SC_VISIT",
+    "SC_NODE",
 ];
+
+/// The service's switches that decide no scenario of the format (cache-aware
+/// scheduling is outside it): a scenario naming them is refused.
+pub const SERVICE_ONLY: [&str; 3] = ["SCHED_CACHE", "SC_VISIT", "SC_NODE"];
 
 impl Features {
     fn slot(&mut self, name: &str) -> Option<&mut bool> {
@@ -64,6 +81,9 @@ impl Features {
             "PREFER_LAST_IDLE_CPU" => &mut self.prefer_last_idle_cpu,
             "SKIP_SCHED_IDLE_FOR_IDLE_TASK" => &mut self.skip_sched_idle_for_idle_task,
             "EXEC_BOUND_FAST_PATH" => &mut self.exec_bound_fast_path,
+            "SCHED_CACHE" => &mut self.sched_cache,
+            "SC_VISIT" => &mut self.sc_visit,
+            "SC_NODE" => &mut self.sc_node,
             _ => return None,
         })
     }

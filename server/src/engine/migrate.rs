@@ -1,5 +1,6 @@
 //! Migration: `can_migrate_task()` and `task_hot()`, in the kernel's order.
 
+use super::cache::LlcView;
 use super::cpumask::CpuMask;
 use super::ctx::{Ctx, View};
 use super::state::{Policy, Task};
@@ -12,14 +13,17 @@ pub mod lbf {
     pub const DST_PINNED: u32 = 0x04;
     pub const SOME_PINNED: u32 = 0x08;
     pub const ACTIVE_LB: u32 = 0x10;
+    /// A task was refused only for cache-aware reasons.
+    pub const LLC_PINNED: u32 = 0x20;
 
     /// Names in output order.
-    pub const NAMES: [(u32, &str); 5] = [
+    pub const NAMES: [(u32, &str); 6] = [
         (ALL_PINNED, "ALL_PINNED"),
         (NEED_BREAK, "NEED_BREAK"),
         (DST_PINNED, "DST_PINNED"),
         (SOME_PINNED, "SOME_PINNED"),
         (ACTIVE_LB, "ACTIVE_LB"),
+        (LLC_PINNED, "LLC_PINNED"),
     ];
 }
 
@@ -37,6 +41,20 @@ pub enum MigrationType {
     Util,
     Task,
     Misfit,
+    /// Cache-aware: one task toward its preferred LLC.
+    LlcTask,
+}
+
+impl MigrationType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigrationType::Load => "load",
+            MigrationType::Util => "util",
+            MigrationType::Task => "task",
+            MigrationType::Misfit => "misfit",
+            MigrationType::LlcTask => "llc_task",
+        }
+    }
 }
 
 /// The parts of `struct lb_env` that `can_migrate_task()` reads.
@@ -76,9 +94,26 @@ pub enum Reason {
     Cold,
     BalanceFailed,
     Hot,
+    /// Cache-aware: the move would break the process's LLC preference.
+    LlcPinned,
 }
 
 impl Reason {
+    pub const ALL: [Reason; 12] = [
+        Reason::Delayed,
+        Reason::Throttled,
+        Reason::Ineligible,
+        Reason::PerCpuKthread,
+        Reason::Blocked,
+        Reason::Affinity,
+        Reason::Running,
+        Reason::ActiveLb,
+        Reason::Cold,
+        Reason::BalanceFailed,
+        Reason::Hot,
+        Reason::LlcPinned,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Delayed => "delayed",
@@ -92,6 +127,7 @@ impl Reason {
             Reason::Cold => "cold",
             Reason::BalanceFailed => "balance_failed",
             Reason::Hot => "hot",
+            Reason::LlcPinned => "llc_pinned",
         }
     }
 }
@@ -108,10 +144,26 @@ pub struct MigrateDecision {
     /// `task_hot()`, when it was evaluated.
     pub task_hot: Option<bool>,
     pub cache_nice_tries: u32,
+    /// A cache-aware preference allowed the move (`can_migrate_llc` said
+    /// `mig_llc`, or a `migrate_llc_task` pass).
+    pub llc_decided: bool,
 }
 
 /// `can_migrate_task()`: may the balancer pull `p` from `src_cpu` to `dst_cpu`?
+/// Cache-aware scheduling is not part of this form (the scenario format
+/// does not model it).
 pub fn can_migrate_task(view: View<'_>, p: &Task, env: &MigrateEnv) -> MigrateDecision {
+    can_migrate_task_llc(view, p, env, None)
+}
+
+/// `can_migrate_task()` with cache-aware scheduling: `llc` holds the
+/// balancer's view of the preferences and the task's process.
+pub fn can_migrate_task_llc(
+    view: View<'_>,
+    p: &Task,
+    env: &MigrateEnv,
+    llc: Option<(&LlcView<'_>, u64)>,
+) -> MigrateDecision {
     let ctx = Ctx::new(view, p, env.src_cpu);
     let d = &view.topo.domains(env.dst_cpu)[env.sd];
     let cnt = env.cache_nice_tries.unwrap_or(d.cache_nice_tries);
@@ -123,6 +175,7 @@ pub fn can_migrate_task(view: View<'_>, p: &Task, env: &MigrateEnv) -> MigrateDe
         reason,
         task_hot,
         cache_nice_tries: cnt,
+        llc_decided: false,
     };
 
     if p.sched_delayed && env.migration_type != MigrationType::Load {
@@ -168,16 +221,42 @@ pub fn can_migrate_task(view: View<'_>, p: &Task, env: &MigrateEnv) -> MigrateDe
         return done(true, flags, Reason::ActiveLb, None, None);
     }
 
-    // Without NUMA balancing migrate_degrades_locality() is neutral, and
-    // cache-aware scheduling is not modelled here, so task_hot() decides.
+    // Without NUMA balancing migrate_degrades_locality() is neutral, so
+    // the cache-aware test and then task_hot() decide.
+    let mut llc_decided = env.migration_type == MigrationType::LlcTask;
+    if let Some((l, group)) = llc {
+        let degrades = l.migrate_degrades_llc(
+            view.topo,
+            view.state,
+            env.src_cpu,
+            env.dst_cpu,
+            group,
+            p.util_avg.max(0) as u64,
+            env.migration_type == MigrationType::LlcTask,
+            env.nr_balance_failed,
+            cnt,
+        );
+        match degrades {
+            Some(true) => {
+                if env.migration_type != MigrationType::LlcTask {
+                    flags |= lbf::LLC_PINNED;
+                }
+                return done(false, flags, Reason::LlcPinned, None, None);
+            }
+            Some(false) => llc_decided = true,
+            None => {}
+        }
+    }
     let hot = ctx.task_hot(env, d.has(sd::SHARE_CPUCAPACITY));
-    if !hot {
-        return done(true, flags, Reason::Cold, None, Some(false));
-    }
-    if env.nr_balance_failed > cnt {
-        return done(true, flags, Reason::BalanceFailed, None, Some(true));
-    }
-    done(false, flags, Reason::Hot, None, Some(true))
+    let mut r = if !hot {
+        done(true, flags, Reason::Cold, None, Some(false))
+    } else if env.nr_balance_failed > cnt {
+        done(true, flags, Reason::BalanceFailed, None, Some(true))
+    } else {
+        done(false, flags, Reason::Hot, None, Some(true))
+    };
+    r.llc_decided = r.allowed && llc_decided;
+    r
 }
 
 /// The per-CPU loop that `first_and_and` replaced in `can_migrate_task()`

@@ -5,12 +5,15 @@
 //! `decide`, the service and the benchmarks all call the same functions:
 //! [`select_task_rq`] for wakeup, fork and exec, and [`can_migrate_task`].
 
+pub mod balance;
+pub mod cache;
 pub mod core;
 pub mod cpumask;
 pub(crate) mod ctx;
 pub mod decision;
 pub mod fair;
 pub mod features;
+pub mod lb;
 pub mod migrate;
 pub mod sis;
 pub mod slowpath;

@@ -5,6 +5,7 @@
 use super::cpumask::CpuMask;
 use super::ctx::Ctx;
 use super::decision::Path;
+use super::lb::adjust_numa_imbalance;
 use super::topology::{Domain, SpanId, sd};
 
 /// `enum group_type`, in the kernel's numeric order (lower = idler).
@@ -345,16 +346,4 @@ fn update_pick_idlest(idlest: &SgStats, cand: &SgStats) -> bool {
                 || (cand.idle_cpus == idlest.idle_cpus && cand.group_util < idlest.group_util)
         }
     }
-}
-
-/// `adjust_numa_imbalance()`: a small idle-CPU difference is no reason to
-/// leave a node that still has room.
-fn adjust_numa_imbalance(imbalance: i64, dst_running: i64, imb_numa_nr: i64) -> i64 {
-    if dst_running > imb_numa_nr {
-        return imbalance;
-    }
-    if imbalance <= 2 {
-        return 0;
-    }
-    imbalance
 }

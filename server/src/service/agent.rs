@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
 use crate::metrics as m;
-use crate::store::{Reject, Store, Update};
+use crate::store::{Reject, Store};
 
 pub struct Agent {
     pub store: Arc<Store>,
@@ -116,21 +116,23 @@ impl AgentService for Agent {
                             break;
                         }
                         let t0 = Instant::now();
-                        let update = Update {
-                            seq: u.seq,
-                            full: u.full,
-                            cpus: u
-                                .cpus
-                                .iter()
-                                .map(|c| {
-                                    let cap = node
-                                        .spec
-                                        .cpus
-                                        .get(c.id as usize)
-                                        .map_or(1024, |t| t.capacity);
-                                    (c.id, convert::cpu_state(c, cap))
-                                })
-                                .collect(),
+                        let update = match convert::update(&u, &node.spec) {
+                            Ok(x) => x,
+                            Err(e) => {
+                                rejected("invalid");
+                                let ack = pb::Ack {
+                                    applied_seq: node.last_seq(),
+                                    resync_required: false,
+                                    rejection: Some(pb::Rejection {
+                                        reason: "invalid".into(),
+                                        message: e.to_string(),
+                                    }),
+                                };
+                                if tx.send(Ok(ack)).await.is_err() {
+                                    break;
+                                }
+                                continue;
+                            }
                         };
                         match store.apply(&node, generation, &update, t0) {
                             Ok(_) => {
@@ -139,6 +141,11 @@ impl AgentService for Agent {
                                 metrics::counter!(m::CPU_UPDATES).increment(u.cpus.len() as u64);
                                 metrics::histogram!(m::REPORT_APPLY_DURATION)
                                     .record(t0.elapsed().as_secs_f64());
+                                let tasks: usize = update.tasks.iter().map(|l| l.tasks.len()).sum();
+                                metrics::counter!(m::TASKS_REPORTED).increment(tasks as u64);
+                                for r in store.account(&node, &update.runtime, t0) {
+                                    m::record_cache_scan(&r);
+                                }
                                 pb::Ack {
                                     applied_seq: u.seq,
                                     rejection: None,

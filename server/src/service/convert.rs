@@ -4,12 +4,16 @@
 use fairplace_proto::v1 as pb;
 use tonic::Status;
 
+use crate::engine::balance::{PassStats, Proposal, RqTask};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
+use crate::engine::lb::GroupType;
 use crate::engine::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::state::{CpuState, Policy, Task};
 use crate::engine::topology::{CpuTopo, FieldError, Topology, TopologySpec};
-use crate::store::Snapshot;
+use crate::store::{
+    BalanceOutcome, ClusterBalanceOutcome, CpuTaskList, RuntimeEntry, Snapshot, Update,
+};
 
 const MAX_SIGNAL: i64 = (1 << 31) - 1;
 const MAX_CLOCK: i64 = 1 << 62;
@@ -384,6 +388,7 @@ pub fn migrate_request(
             Ok(pb::MigrationType::Util) => MigrationType::Util,
             Ok(pb::MigrationType::Task) => MigrationType::Task,
             Ok(pb::MigrationType::Misfit) => MigrationType::Misfit,
+            Ok(pb::MigrationType::LlcTask) => MigrationType::LlcTask,
             Err(_) => {
                 return Err(err(
                     "migration_type",
@@ -428,4 +433,256 @@ pub fn migrate_response(m: &MigrateDecision, snap: &Snapshot) -> pb::CanMigrateR
         task_hot: m.task_hot,
         state_version: snap.version,
     }
+}
+
+/// An agent's update: CPU states as reported (the store checks them against
+/// the topology), task lists and runtime with their fields checked here.
+pub fn update(u: &pb::Update, spec: &TopologySpec) -> Result<Update, FieldError> {
+    let n = spec.cpus.len();
+    let cpus = u
+        .cpus
+        .iter()
+        .map(|c| {
+            let cap = spec.cpus.get(c.id as usize).map_or(1024, |t| t.capacity);
+            (c.id, cpu_state(c, cap))
+        })
+        .collect();
+    let mut tasks = Vec::with_capacity(u.tasks.len());
+    for (k, l) in u.tasks.iter().enumerate() {
+        let mut list = CpuTaskList {
+            cpu: l.cpu,
+            clock: l.clock_task,
+            tasks: Vec::with_capacity(l.tasks.len()),
+        };
+        for (j, t) in l.tasks.iter().enumerate() {
+            list.tasks.push(runnable_task(
+                t,
+                n,
+                &format!("update.tasks[{k}].tasks[{j}]"),
+            )?);
+        }
+        tasks.push(list);
+    }
+    let runtime = u
+        .runtime
+        .iter()
+        .map(|r| RuntimeEntry {
+            group: r.group,
+            cpu: r.cpu,
+            runtime_ns: r.runtime_ns,
+            nr_threads: r.nr_threads,
+        })
+        .collect();
+    Ok(Update {
+        seq: u.seq,
+        full: u.full,
+        cpus,
+        tasks,
+        runtime,
+    })
+}
+
+/// One reported task, with its affinity (`None` = every CPU).
+fn runnable_task(
+    t: &pb::RunnableTask,
+    n: usize,
+    path: &str,
+) -> Result<(RqTask, Option<CpuMask>), FieldError> {
+    let f = |x: &str| format!("{path}.{x}");
+    let policy = match pb::Policy::try_from(t.policy) {
+        Ok(pb::Policy::Normal) => Policy::Normal,
+        Ok(pb::Policy::Batch) => Policy::Batch,
+        Ok(pb::Policy::Idle) => Policy::Idle,
+        Err(_) => return Err(err(f("policy"), format!("{} is not a policy", t.policy))),
+    };
+    if !(-20..=19).contains(&t.nice) {
+        return Err(err(
+            f("nice"),
+            format!("{} is out of range -20..19", t.nice),
+        ));
+    }
+    let mask = if t.cpus_allowed.trim().is_empty() {
+        None
+    } else {
+        let m =
+            CpuMask::parse_cpulist(&t.cpus_allowed, n).map_err(|e| err(f("cpus_allowed"), e))?;
+        if m.is_empty() {
+            return Err(err(f("cpus_allowed"), "must not be empty"));
+        }
+        Some(m)
+    };
+    if !(0..=MAX_CLOCK).contains(&t.exec_start) {
+        return Err(err(
+            f("exec_start"),
+            format!("{} is out of range 0..2^62", t.exec_start),
+        ));
+    }
+    let task = RqTask {
+        id: t.id,
+        group: t.group,
+        policy,
+        nice: t.nice as i8,
+        allowed: 0,
+        load_avg: signal(t.load_avg, &f("load_avg"))?,
+        util_avg: signal(t.util_avg, &f("util_avg"))?,
+        util_est: signal(t.util_est, &f("util_est"))?,
+        runnable_avg: signal(t.runnable_avg, &f("runnable_avg"))?,
+        running: t.running,
+        exec_start: t.exec_start,
+        migration_disabled: t.migration_disabled,
+        per_cpu_kthread: t.per_cpu_kthread,
+        sched_delayed: t.sched_delayed,
+        nr_threads: t.nr_threads,
+    };
+    Ok((task, mask))
+}
+
+pub fn migration_type_to_pb(m: MigrationType) -> pb::MigrationType {
+    match m {
+        MigrationType::Load => pb::MigrationType::Load,
+        MigrationType::Util => pb::MigrationType::Util,
+        MigrationType::Task => pb::MigrationType::Task,
+        MigrationType::Misfit => pb::MigrationType::Misfit,
+        MigrationType::LlcTask => pb::MigrationType::LlcTask,
+    }
+}
+
+/// A proposal of the node balancer.
+pub fn proposal_to_pb(p: &Proposal, node: &str) -> pb::Proposal {
+    let kind = if p.active { "active" } else { "detach" };
+    let reason = proposal_reason(
+        &p.level.to_string(),
+        kind,
+        p.busiest,
+        p.local,
+        p.imbalance,
+        p.migration_type,
+        p.forced_hot.then_some(p.nr_balance_failed),
+        p.llc_preference,
+    );
+    pb::Proposal {
+        task: p.task,
+        group: p.group,
+        src_node: node.to_string(),
+        src_cpu: p.src_cpu as u32,
+        dst_node: node.to_string(),
+        dst_cpu: p.dst_cpu as u32,
+        migration_type: migration_type_to_pb(p.migration_type) as i32,
+        kind: kind.to_string(),
+        level: p.level.to_string(),
+        busiest_group: p.busiest.as_str().to_string(),
+        local_group: p.local.as_str().to_string(),
+        imbalance: p.imbalance,
+        forced_hot: p.forced_hot,
+        nr_balance_failed: p.nr_balance_failed,
+        llc_preference: p.llc_preference,
+        reason,
+    }
+}
+
+pub fn balance_response(o: &BalanceOutcome, node: &str) -> pb::BalanceResponse {
+    pb::BalanceResponse {
+        proposals: o
+            .proposals
+            .iter()
+            .map(|p| proposal_to_pb(p, node))
+            .collect(),
+        domains_balanced: o.stats.domains_balanced,
+        domains_declined: o.stats.domains_declined,
+        rejections: rejections_pb(&o.stats),
+        state_version: o.version,
+        claimed: o.claimed,
+    }
+}
+
+/// The destination CPUs of a balance request.
+pub fn balance_cpus(s: &str, topo: &Topology) -> Result<Option<CpuMask>, FieldError> {
+    let m = cpulist(s, topo, "cpus")?;
+    if let Some(m) = &m
+        && !m.intersects(&topo.online)
+    {
+        return Err(err("cpus", "names no online CPU"));
+    }
+    Ok(m)
+}
+
+pub fn cluster_balance_response(o: &ClusterBalanceOutcome) -> pb::BalanceResponse {
+    pb::BalanceResponse {
+        proposals: o
+            .proposals
+            .iter()
+            .map(|p| {
+                let reason = proposal_reason(
+                    &p.level,
+                    "detach",
+                    p.busiest,
+                    p.local,
+                    p.imbalance,
+                    p.migration_type,
+                    p.forced_hot.then_some(p.nr_balance_failed),
+                    false,
+                );
+                pb::Proposal {
+                    task: p.task,
+                    group: p.group,
+                    src_node: p.src_node.clone(),
+                    src_cpu: p.src_cpu as u32,
+                    dst_node: p.dst_node.clone(),
+                    dst_cpu: p.dst_cpu as u32,
+                    migration_type: migration_type_to_pb(p.migration_type) as i32,
+                    kind: "detach".into(),
+                    level: p.level.clone(),
+                    busiest_group: p.busiest.as_str().to_string(),
+                    local_group: p.local.as_str().to_string(),
+                    imbalance: p.imbalance,
+                    forced_hot: p.forced_hot,
+                    nr_balance_failed: p.nr_balance_failed,
+                    llc_preference: false,
+                    reason,
+                }
+            })
+            .collect(),
+        domains_balanced: o.stats.domains_balanced,
+        domains_declined: o.stats.domains_declined,
+        rejections: rejections_pb(&o.stats),
+        state_version: 0,
+        claimed: o.claimed,
+    }
+}
+
+fn rejections_pb(stats: &PassStats) -> Vec<pb::RejectionCount> {
+    stats
+        .rejection_counts()
+        .map(|(r, c)| pb::RejectionCount {
+            reason: r.to_string(),
+            count: c,
+        })
+        .collect()
+}
+
+/// The human-readable why of a proposal.
+#[allow(clippy::too_many_arguments)]
+fn proposal_reason(
+    level: &str,
+    kind: &str,
+    busiest: GroupType,
+    local: GroupType,
+    imbalance: i64,
+    ty: MigrationType,
+    forced_hot: Option<u32>,
+    llc: bool,
+) -> String {
+    let mut r = format!(
+        "{level} {kind}: busiest group {} vs local {}, imbalance {imbalance} ({})",
+        busiest.as_str(),
+        local.as_str(),
+        ty.as_str()
+    );
+    if let Some(n) = forced_hot {
+        r.push_str(&format!("; cache-hot, moved after {n} failed balances"));
+    }
+    if llc {
+        r.push_str("; toward the process's preferred LLC");
+    }
+    r
 }

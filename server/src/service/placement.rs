@@ -14,7 +14,7 @@ use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::{View, can_migrate_task, select_task_rq};
 use crate::metrics as m;
 use crate::scenario::decide_value;
-use crate::store::{Node, Snapshot, Store};
+use crate::store::{BalanceRequest, ClusterBalanceRequest, Node, Snapshot, Store};
 
 /// How often a claimed placement is decided again when other claims keep
 /// changing the node under it, before it decides under the node's writer.
@@ -235,6 +235,74 @@ impl PlacementService for Placement {
         metrics::counter!(m::MIGRATE_CHECKS, "verdict" => verdict, "reason" => d.reason.as_str())
             .increment(1);
         Ok(Response::new(convert::migrate_response(&d, &snap)))
+    }
+
+    async fn balance(
+        &self,
+        req: Request<pb::BalanceRequest>,
+    ) -> Result<Response<pb::BalanceResponse>, Status> {
+        let r = req.into_inner();
+        let store = Arc::clone(&self.store);
+        if r.node_id.is_empty() {
+            if r.cluster_level.is_empty() {
+                return Err(Status::invalid_argument(
+                    "node_id: name a node, or cluster_level and cluster_group for a cluster balance",
+                ));
+            }
+            if !r.cpus.is_empty() {
+                return Err(Status::invalid_argument(
+                    "cpus: only a node balance takes destination CPUs",
+                ));
+            }
+            let creq = ClusterBalanceRequest {
+                level: r.cluster_level.clone(),
+                group: r.cluster_group.clone(),
+                apply: r.apply,
+                max_proposals: r.max_proposals as usize,
+            };
+            let t0 = Instant::now();
+            let out = tokio::task::spawn_blocking(move || store.cluster_balance(&creq, t0))
+                .await
+                .map_err(|e| Status::internal(format!("balance task: {e}")))?
+                .map_err(convert::invalid)?;
+            m::record_balance(
+                "cluster",
+                &out.stats,
+                out.proposals
+                    .iter()
+                    .map(|p| (p.migration_type.as_str(), false)),
+                t0.elapsed().as_secs_f64(),
+            );
+            return Ok(Response::new(convert::cluster_balance_response(&out)));
+        }
+        if !r.cluster_level.is_empty() || !r.cluster_group.is_empty() {
+            return Err(Status::invalid_argument(
+                "cluster_level: a node balance takes no cluster group",
+            ));
+        }
+        let node = self.node(&r.node_id)?;
+        let (snap, _) = self.fresh_snapshot(&node, Instant::now())?;
+        let dst_cpus = convert::balance_cpus(&r.cpus, &snap.topo).map_err(convert::invalid)?;
+        let breq = BalanceRequest {
+            dst_cpus,
+            honor_intervals: r.honor_intervals,
+            apply: r.apply,
+            max_proposals: r.max_proposals as usize,
+        };
+        let t0 = Instant::now();
+        let n = Arc::clone(&node);
+        let out = tokio::task::spawn_blocking(move || store.balance(&n, &breq, t0))
+            .await
+            .map_err(|e| Status::internal(format!("balance task: {e}")))?;
+        m::record_balance(
+            "node",
+            &out.stats,
+            out.proposals
+                .iter()
+                .map(|p| (p.migration_type.as_str(), p.active)),
+            t0.elapsed().as_secs_f64(),
+        );
+        Ok(Response::new(convert::balance_response(&out, &node.id)))
     }
 
     async fn decide(

@@ -17,7 +17,17 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 
+mod balance;
+mod cluster_balance;
+mod tasks;
+
+pub use balance::{BalanceOutcome, BalanceRequest, CacheSummary, ProcSummary};
+pub use cluster_balance::{ClusterBalanceOutcome, ClusterBalanceRequest, ClusterProposal};
+pub use tasks::{CpuTaskList, RuntimeEntry};
+
 use crate::cluster::{Cluster, ClusterChoice, ClusterConfig, ClusterRequest, NodeAgg};
+use crate::engine::balance::{Balancer, TaskTable};
+use crate::engine::cache::{CacheParams, CacheState, LlcMap};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::features::{Features, System};
 use crate::engine::state::{CpuState, NodeState};
@@ -34,6 +44,8 @@ pub struct StoreConfig {
     pub forget_after: Duration,
     pub system: System,
     pub cluster: ClusterConfig,
+    /// Cache-aware scheduling knobs (`sched/llc_balancing/`).
+    pub cache: CacheParams,
 }
 
 impl Default for StoreConfig {
@@ -44,6 +56,7 @@ impl Default for StoreConfig {
             forget_after: Duration::from_secs(600),
             system: System::default(),
             cluster: ClusterConfig::default(),
+            cache: CacheParams::default(),
         }
     }
 }
@@ -63,6 +76,8 @@ pub struct Snapshot {
     pub claims: Vec<(u32, u32)>,
     /// What the node contributes to its cluster groups.
     pub agg: NodeAgg,
+    /// The runnable tasks the agent reported, per CPU.
+    pub tasks: Arc<TaskTable>,
 }
 
 impl Snapshot {
@@ -106,6 +121,17 @@ pub struct Node {
     pub generation: AtomicU64,
     pub connected: AtomicBool,
     pub registered_at: Instant,
+    /// Cache-aware accounting; only agent reports and balance passes touch it.
+    cache: Mutex<NodeCache>,
+    /// The balancer's per-domain state and scratch; one pass at a time.
+    balancer: Mutex<Option<Balancer>>,
+}
+
+/// A node's cache-aware state and the LLC map it was built for.
+#[derive(Debug)]
+struct NodeCache {
+    state: CacheState,
+    llc: LlcMap,
 }
 
 impl Node {
@@ -156,12 +182,16 @@ impl std::fmt::Display for Reject {
     }
 }
 
-/// An update from an agent: complete states of some or all CPUs.
-#[derive(Debug, Clone)]
+/// An update from an agent: complete states of some or all CPUs, their
+/// task lists, and runtime per process.
+#[derive(Debug, Clone, Default)]
 pub struct Update {
     pub seq: u64,
     pub full: bool,
     pub cpus: Vec<(u32, CpuState)>,
+    /// Each list replaces its CPU's; with `full`, unlisted CPUs have none.
+    pub tasks: Vec<CpuTaskList>,
+    pub runtime: Vec<RuntimeEntry>,
 }
 
 /// Built domain trees by (machine type, online CPUs).
@@ -180,6 +210,10 @@ pub struct Store {
     pub config: StoreConfig,
     /// Zones, racks and nodes, with incrementally kept group sums.
     pub cluster: Cluster,
+    /// The origin of the millisecond clock of balancing and cache epochs.
+    epoch: Instant,
+    /// `nr_balance_failed` of the cluster levels, by (destination node, level).
+    cluster_lb: Mutex<HashMap<(String, String), u32>>,
 }
 
 impl Store {
@@ -193,6 +227,8 @@ impl Store {
             next_generation: AtomicU64::new(1),
             cluster: Cluster::new(config.cluster.clone()),
             config,
+            epoch: Instant::now(),
+            cluster_lb: Mutex::new(HashMap::new()),
         }
     }
 
@@ -358,6 +394,11 @@ impl Store {
             features.set(k, *v);
         }
         let state = NodeState::new(&topo, reported, &[], &features);
+        let now_ms = self.now_ms(Instant::now());
+        let cache = NodeCache {
+            state: CacheState::new(n, self.config.cache, now_ms),
+            llc: LlcMap::new(&topo),
+        };
         let node = Arc::new(Node {
             id: id.to_string(),
             labels,
@@ -371,6 +412,7 @@ impl Store {
                 features,
                 reported_at: None,
                 claims: Vec::new(),
+                tasks: Arc::new(TaskTable::empty(n)),
             }),
             writer: Mutex::new(Writer {
                 claims: HashMap::new(),
@@ -382,6 +424,8 @@ impl Store {
             generation: AtomicU64::new(generation),
             connected: AtomicBool::new(true),
             registered_at: Instant::now(),
+            cache: Mutex::new(cache),
+            balancer: Mutex::new(None),
         });
         self.nodes.insert(id.to_string(), Arc::clone(&node));
         Ok((node, generation))
@@ -449,6 +493,8 @@ impl Store {
                 "no CPU would be online",
             )));
         }
+        tasks::check_runtime(&u.runtime, n).map_err(Reject::Invalid)?;
+        let table = tasks::merge(&cur.tasks, u, n, &online).map_err(Reject::Invalid)?;
         let topo = if cur.topo.online == online {
             Arc::clone(&cur.topo)
         } else {
@@ -463,14 +509,38 @@ impl Store {
         }
         w.last_seq = u.seq;
         w.needs_full = false;
-        let v = self.publish(node, &mut w, cpus, topo, cur.features, Some(now), &cur);
+        let v = self.publish_with(
+            node,
+            &mut w,
+            cpus,
+            topo,
+            cur.features,
+            Some(now),
+            &cur,
+            table,
+        );
         Ok(v)
     }
 
     /// Builds and publishes the next snapshot: the agent's state of every
-    /// CPU (`cpus`) with the writer's claims on top.
+    /// CPU (`cpus`) with the writer's claims on top; the tasks stay.
     #[allow(clippy::too_many_arguments)]
     fn publish(
+        &self,
+        node: &Node,
+        w: &mut Writer,
+        cpus: Vec<CpuState>,
+        topo: Arc<Topology>,
+        features: Features,
+        reported_at: Option<Instant>,
+        cur: &Snapshot,
+    ) -> u64 {
+        let tasks = Arc::clone(&cur.tasks);
+        self.publish_with(node, w, cpus, topo, features, reported_at, cur, tasks)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn publish_with(
         &self,
         node: &Node,
         w: &mut Writer,
@@ -479,6 +549,7 @@ impl Store {
         features: Features,
         reported_at: Option<Instant>,
         cur: &Snapshot,
+        tasks: Arc<TaskTable>,
     ) -> u64 {
         let mut claims: Vec<(u32, u32)> = Vec::with_capacity(w.claims.len());
         for (&cpu, slot) in &w.claims {
@@ -501,6 +572,7 @@ impl Store {
             reported_at: reported_at.or(cur.reported_at),
             claims,
             agg,
+            tasks,
         };
         let fresh = self.is_fresh(&snap, Instant::now());
         self.recount(node, w, fresh.then_some(agg));
@@ -591,6 +663,11 @@ impl Store {
                     .sum::<usize>()
             })
             .sum()
+    }
+
+    /// The store's millisecond clock.
+    pub fn now_ms(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_millis() as u64
     }
 
     pub fn is_fresh(&self, snap: &Snapshot, now: Instant) -> bool {
@@ -726,6 +803,7 @@ mod tests {
                     (i, c)
                 })
                 .collect(),
+            ..Update::default()
         }
     }
 
@@ -738,6 +816,7 @@ mod tests {
             seq,
             full: false,
             cpus: vec![(1, CpuState::idle(1024))],
+            ..Update::default()
         };
         assert!(matches!(
             s.apply(&n, g, &delta(1), now),
@@ -768,6 +847,7 @@ mod tests {
             seq: 2,
             full: false,
             cpus: vec![(0, CpuState::idle(1024)), (3, bad)],
+            ..Update::default()
         };
         match s.apply(&n, g, &u, now) {
             Err(Reject::Invalid(e)) => assert_eq!(e.field, "update.cpus[1].h_nr_idle"),
@@ -807,6 +887,7 @@ mod tests {
                 seq: 2,
                 full: false,
                 cpus: vec![(1, CpuState::idle(1024))],
+                ..Update::default()
             },
             now,
         )
@@ -819,6 +900,7 @@ mod tests {
                 seq: 3,
                 full: false,
                 cpus: vec![(2, CpuState::idle(1024))],
+                ..Update::default()
             },
             now,
         )

@@ -1,0 +1,199 @@
+//! Task lists and runtime reports: validation and merging into the next
+//! snapshot's [`TaskTable`].
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::engine::balance::{RqTask, TaskTable};
+use crate::engine::cpumask::CpuMask;
+use crate::engine::topology::FieldError;
+
+use super::Update;
+
+/// Tasks a CPU may list: more than any runqueue the balancer could use
+/// (it looks at 32 per pass), few enough to bound a node's memory.
+pub const MAX_TASKS_PER_CPU: usize = 1024;
+/// Runtime one report may add on one CPU: 1,000 s.
+pub const MAX_RUNTIME_NS: u64 = 1_000_000_000_000;
+/// Distinct affinity masks a node keeps before compacting them.
+const MAX_MASKS: usize = 256;
+
+/// One CPU's runnable tasks as reported; each task's affinity as a mask
+/// (`None` = every CPU).
+#[derive(Debug, Clone, Default)]
+pub struct CpuTaskList {
+    pub cpu: u32,
+    pub clock: i64,
+    pub tasks: Vec<(RqTask, Option<CpuMask>)>,
+}
+
+/// Runtime a process accumulated on one CPU since the previous report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuntimeEntry {
+    pub group: u64,
+    pub cpu: u32,
+    pub runtime_ns: u64,
+    pub nr_threads: u32,
+}
+
+pub(super) fn check_runtime(entries: &[RuntimeEntry], n: usize) -> Result<(), FieldError> {
+    for (k, e) in entries.iter().enumerate() {
+        let f = |x: &str| format!("update.runtime[{k}].{x}");
+        if e.cpu as usize >= n {
+            return Err(FieldError::new(
+                f("cpu"),
+                format!("CPU {} is not in the topology ({n} CPUs)", e.cpu),
+            ));
+        }
+        if e.group == 0 {
+            return Err(FieldError::new(
+                f("group"),
+                "0 is a kernel thread's; kernel threads are never accounted",
+            ));
+        }
+        if e.runtime_ns > MAX_RUNTIME_NS {
+            return Err(FieldError::new(
+                f("runtime_ns"),
+                format!("{} exceeds {MAX_RUNTIME_NS}", e.runtime_ns),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The task table after `u`: checked first, so a bad list changes nothing.
+/// A full update replaces every list; a delta replaces the listed CPUs', and
+/// a task it lists is removed from any other CPU (it moved).
+pub(super) fn merge(
+    cur: &Arc<TaskTable>,
+    u: &Update,
+    n: usize,
+    online: &CpuMask,
+) -> Result<Arc<TaskTable>, FieldError> {
+    if !u.full && u.tasks.is_empty() {
+        return Ok(Arc::clone(cur));
+    }
+    let mut seen_cpu = CpuMask::new();
+    let mut ids: HashSet<u64> = HashSet::new();
+    for (k, l) in u.tasks.iter().enumerate() {
+        let f = |x: &str| format!("update.tasks[{k}].{x}");
+        let cpu = l.cpu as usize;
+        if cpu >= n {
+            return Err(FieldError::new(
+                f("cpu"),
+                format!("CPU {cpu} is not in the topology ({n} CPUs)"),
+            ));
+        }
+        if seen_cpu.test(cpu) {
+            return Err(FieldError::new(
+                f("cpu"),
+                format!("CPU {cpu} is listed twice"),
+            ));
+        }
+        seen_cpu.set(cpu);
+        if !online.test(cpu) && !l.tasks.is_empty() {
+            return Err(FieldError::new(
+                f("cpu"),
+                format!("CPU {cpu} is offline and cannot run tasks"),
+            ));
+        }
+        if l.tasks.len() > MAX_TASKS_PER_CPU {
+            return Err(FieldError::new(
+                f("tasks"),
+                format!(
+                    "{} tasks exceed the limit of {MAX_TASKS_PER_CPU}",
+                    l.tasks.len()
+                ),
+            ));
+        }
+        if l.clock < 0 {
+            return Err(FieldError::new(
+                f("clock_task"),
+                format!("{} is negative", l.clock),
+            ));
+        }
+        let mut running = 0;
+        for (j, (t, mask)) in l.tasks.iter().enumerate() {
+            let g = |x: &str| format!("update.tasks[{k}].tasks[{j}].{x}");
+            if !ids.insert(t.id) {
+                return Err(FieldError::new(
+                    g("id"),
+                    format!("task {} is listed twice", t.id),
+                ));
+            }
+            if let Some(m) = mask
+                && !m.intersects(online)
+            {
+                return Err(FieldError::new(
+                    g("cpus_allowed"),
+                    "allows no online CPU of the node",
+                ));
+            }
+            running += t.running as u32;
+            if running > 1 {
+                return Err(FieldError::new(
+                    g("running"),
+                    format!("a second running task on CPU {cpu}"),
+                ));
+            }
+        }
+    }
+    let mut table = if u.full {
+        TaskTable::empty(n)
+    } else {
+        let mut t = (**cur).clone();
+        // Tasks this delta lists leave the CPUs it does not list.
+        for c in 0..n {
+            if !seen_cpu.test(c) && t.cpus[c].iter().any(|x| ids.contains(&x.id)) {
+                let rest: Vec<RqTask> = t.cpus[c]
+                    .iter()
+                    .filter(|x| !ids.contains(&x.id))
+                    .cloned()
+                    .collect();
+                t.cpus[c] = rest.into();
+            }
+        }
+        t
+    };
+    if table.masks.len() > MAX_MASKS {
+        compact_masks(&mut table, n);
+    }
+    for l in &u.tasks {
+        let cpu = l.cpu as usize;
+        let mut list: Vec<RqTask> = Vec::with_capacity(l.tasks.len());
+        for (t, mask) in &l.tasks {
+            let mut t = t.clone();
+            t.allowed = match mask {
+                None => 0,
+                Some(m) if *m == table.masks[0] => 0,
+                Some(m) => table.intern_mask(*m),
+            };
+            list.push(t);
+        }
+        // Head = ran most recently, as cfs_tasks is kept.
+        list.sort_by(|a, b| b.exec_start.cmp(&a.exec_start).then(a.id.cmp(&b.id)));
+        table.cpus[cpu] = list.into();
+        table.clock[cpu] = l.clock;
+    }
+    Ok(Arc::new(table))
+}
+
+/// Drops masks no task uses any more, renumbering the rest.
+fn compact_masks(t: &mut TaskTable, n: usize) {
+    let mut keep = vec![CpuMask::first_n(n)];
+    let mut map = vec![u32::MAX; t.masks.len()];
+    map[0] = 0;
+    for list in &mut t.cpus {
+        let mut v = list.to_vec();
+        for task in v.iter_mut() {
+            let i = task.allowed as usize;
+            if map[i] == u32::MAX {
+                map[i] = keep.len() as u32;
+                keep.push(t.masks[i]);
+            }
+            task.allowed = map[i];
+        }
+        *list = v.into();
+    }
+    t.masks = keep;
+}
