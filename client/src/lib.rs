@@ -199,6 +199,17 @@ impl Client {
         .await
     }
 
+    pub async fn get_cache(&self, id: &str) -> Result<pb::GetCacheResponse, Status> {
+        self.retry(|| {
+            let mut c = self.admin.clone();
+            let r = self.request(pb::GetCacheRequest {
+                node_id: id.to_string(),
+            });
+            async move { c.get_cache(r).await }
+        })
+        .await
+    }
+
     pub async fn get_features(&self, node: &str) -> Result<pb::Features, Status> {
         self.retry(|| {
             let mut c = self.admin.clone();

@@ -45,6 +45,7 @@ def stack(stubs):
     agent = subprocess.Popen(
         [os.path.join(BIN, "fairplace-agent"), "--server", grpc_addr, "--node-id", "dash",
          "--simulate", str(SIM_NODES), "--simulate-cpus", "16", "--interval-ms", "200",
+         "--simulate-tasks", "--simulate-llc-cpus", "8", "--label", "zone=z1", "--label", "rack=r1",
          "--metrics-addr", agent_metrics],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tmp = tempfile.mkdtemp(prefix="fairplace-prom-")
@@ -81,8 +82,8 @@ def stack(stubs):
 
 
 def traffic(stubs, addr, seconds):
-    """Decisions of every kind, claims, migration checks and some bad input,
-    spread over several scrapes."""
+    """Decisions of every kind, claims, migration checks, node and rack
+    balance passes and some bad input, spread over several scrapes."""
     pl, ty, ad = stubs["placement"], stubs["types"], stubs["admin"]
     with grpc.insecure_channel(addr) as ch:
         p = stubs["placement_grpc"].PlacementServiceStub(ch)
@@ -104,6 +105,10 @@ def traffic(stubs, addr, seconds):
                 except grpc.RpcError:
                     pass  # exec on an idle CPU is refused: that is traffic too
             p.CanMigrate(pl.CanMigrateRequest(node_id=node, src_cpu=0, dst_cpu=1 + i % 15), timeout=2)
+            if i % 5 == 0:
+                b = p.Balance(pl.BalanceRequest(node_id=node), timeout=5)
+                assert b.domains_balanced + b.domains_declined > 0
+                p.Balance(pl.BalanceRequest(cluster_level="rack", cluster_group="z1/r1"), timeout=5)
             for bad in (pl.PickCpuRequest(node_id="nope"), pl.PickCpuRequest(node_id=node, this_cpu=99)):
                 try:
                     p.PickCpu(bad, timeout=2)

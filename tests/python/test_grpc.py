@@ -77,3 +77,41 @@ def test_decide_matches_the_expected_answers(stubs, server):
             e = s["expected"]
             keys = ["cpu", "path", "scanned"] if "cpu" in e else ["allowed", "new_dst_cpu", "flags", "reason"]
             assert {k: a[k] for k in keys} == {k: e[k] for k in keys}, s.get("name")
+
+
+def test_balance_proposes_moving_a_task_to_the_idle_cpu(stubs, server):
+    """A Python agent stream reports two CPUs, one running three cold tasks
+    and one idle; Balance from the idle CPU proposes one migration (the MC
+    domain: sibling imbalance 3 - 0 = 3, halved = 1 task), the coldest
+    (tail) task first, and refuses the running one."""
+    ty, agm, pl = stubs["types"], stubs["agent"], stubs["placement"]
+    topo = ty.Topology(cpus=[ty.CpuTopology(id=k, core=k, llc=0) for k in range(2)])
+    clock = 10_000_000_000
+    cpus = [agm.CpuState(id=0, online=True, nr_running=3, load_avg=3072, runnable_avg=3072,
+                         util_avg=1000, util_est=1000),
+            agm.CpuState(id=1, online=True)] if hasattr(agm, "CpuState") else [
+            ty.CpuState(id=0, online=True, nr_running=3, load_avg=3072, runnable_avg=3072,
+                        util_avg=1000, util_est=1000),
+            ty.CpuState(id=1, online=True)]
+    tasks = [agm.CpuTasks(cpu=0, clock_task=clock, tasks=[
+        agm.RunnableTask(id=10 + j, group=5, load_avg=1024, util_avg=333, runnable_avg=1024,
+                         running=(j == 0), exec_start=clock - 10_000_000 * (j + 1), nr_threads=3)
+        for j in range(3)])]
+    msgs = [agm.AgentMessage(register=agm.Register(node_id="pybal", topology=topo)),
+            agm.AgentMessage(update=agm.Update(seq=1, full=True, cpus=cpus, tasks=tasks))]
+    with grpc.insecure_channel(server) as ch:
+        acks = list(stubs["agent_grpc"].AgentServiceStub(ch).Report(iter(msgs), timeout=5))
+        assert not acks[-1].HasField("rejection"), acks[-1]
+        p = stubs["placement_grpc"].PlacementServiceStub(ch)
+        # The stream ended, but the node stays registered and fresh.
+        r = p.Balance(pl.BalanceRequest(node_id="pybal", cpus="1"), timeout=5)
+        assert len(r.proposals) == 1, r
+        prop = r.proposals[0]
+        # Tasks are ordered by exec_start, most recent first: 10 (running),
+        # 11, 12; the tail is task 12.
+        assert (prop.task, prop.src_cpu, prop.dst_cpu) == (12, 0, 1)
+        assert prop.migration_type == pl.MIGRATION_TYPE_TASK
+        with pytest.raises(grpc.RpcError) as e:
+            p.Balance(pl.BalanceRequest(node_id="pybal", cpus="7"), timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "cpus" in e.value.details()

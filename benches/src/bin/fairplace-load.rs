@@ -9,6 +9,10 @@
 //!   applied CPU updates per second.
 //! - `memory`: registers many nodes with a full snapshot each and reads the
 //!   server's resident memory.
+//! - `cluster`: 10 zones x 20 racks x 50 nodes of 128 CPUs registered over
+//!   agent streams, then PickCpu with no node (cluster placement) and the
+//!   no-op Ping over gRPC, and in the same run the naive recomputation of
+//!   the same cluster in this process.
 //!
 //! Every loop is bounded in time and count and stops by itself.
 
@@ -71,6 +75,23 @@ enum Cmd {
         /// Updates in flight per node.
         #[arg(long, default_value_t = 2)]
         window: usize,
+    },
+    /// Cluster PickCpu (no node) over gRPC, Ping and the naive recomputation.
+    Cluster {
+        #[arg(long, default_value_t = 10)]
+        zones: usize,
+        #[arg(long, default_value_t = 20)]
+        racks: usize,
+        #[arg(long, default_value_t = 50)]
+        nodes_per_rack: usize,
+        #[arg(long, default_value_t = 128)]
+        cpus: u32,
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        #[arg(long, default_value_t = 20)]
+        connections: usize,
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
     },
     /// Resident memory with many registered nodes.
     Memory {
@@ -213,6 +234,15 @@ struct NodeStream {
 }
 
 async fn register(ch: Channel, id: &str, cpus: u32) -> NodeStream {
+    register_labelled(ch, id, cpus, Default::default()).await
+}
+
+async fn register_labelled(
+    ch: Channel,
+    id: &str,
+    cpus: u32,
+    labels: std::collections::HashMap<String, String>,
+) -> NodeStream {
     let mut client = pb::agent_service_client::AgentServiceClient::new(ch)
         .max_encoding_message_size(64 << 20)
         .max_decoding_message_size(64 << 20);
@@ -220,7 +250,7 @@ async fn register(ch: Channel, id: &str, cpus: u32) -> NodeStream {
     tx.send(pb::AgentMessage {
         body: Some(Body::Register(pb::Register {
             node_id: id.into(),
-            labels: Default::default(),
+            labels,
             topology: Some(topology(cpus)),
             agent_version: "load".into(),
         })),
@@ -311,6 +341,25 @@ async fn main() {
             connections,
             window,
         } => ingest(&server, nodes, cpus, seconds, connections, window).await,
+        Cmd::Cluster {
+            zones,
+            racks,
+            nodes_per_rack,
+            cpus,
+            seconds,
+            connections,
+            concurrency,
+        } => {
+            cluster(
+                &server,
+                (zones, racks, nodes_per_rack),
+                cpus,
+                seconds,
+                connections,
+                concurrency,
+            )
+            .await
+        }
         Cmd::Memory {
             nodes,
             cpus,
@@ -529,4 +578,158 @@ async fn memory(server: &Server, nodes: usize, cpus: u32, connections: usize) {
         rss as f64 / 1024.0,
         rss.saturating_sub(base) as f64 / nodes as f64
     );
+}
+
+/// Cluster placement over gRPC against a large registered cluster.
+async fn cluster(
+    server: &Server,
+    (zones, racks, per_rack): (usize, usize, usize),
+    cpus: u32,
+    seconds: u64,
+    connections: usize,
+    concurrency: usize,
+) {
+    use fairplace::cluster::ClusterRequest;
+    use fairplace::engine::cpumask::CpuMask;
+    use fairplace::store::{Store, StoreConfig, Update};
+
+    let mut chans = Vec::new();
+    for _ in 0..connections {
+        chans.push(channel(&server.grpc).await);
+    }
+    // The same cluster in this process, for the naive baseline.
+    let local = Store::new(StoreConfig {
+        stale_after: Duration::from_secs(3600),
+        ..StoreConfig::default()
+    });
+    let spec = fairplace::service::convert::topology_spec(Some(&topology(cpus)), "topology")
+        .expect("valid topology");
+    let t0 = Instant::now();
+    let mut streams = Vec::new();
+    let mut k = 0usize;
+    for z in 0..zones {
+        for r in 0..racks {
+            for n in 0..per_rack {
+                let id = format!("z{z}-r{r}-n{n}");
+                let labels: std::collections::HashMap<String, String> = [
+                    ("zone".to_string(), format!("z{z}")),
+                    ("rack".to_string(), format!("r{r}")),
+                ]
+                .into();
+                let st = states(cpus, k as u64 + 1);
+                let mut s =
+                    register_labelled(chans[k % connections].clone(), &id, cpus, labels.clone())
+                        .await;
+                s.tx.send(update(1, true, st.clone())).await.unwrap();
+                s.acks.message().await.unwrap().unwrap();
+                streams.push(s);
+                let (node, g) = local
+                    .register(
+                        &id,
+                        labels.into_iter().collect(),
+                        "load".into(),
+                        spec.clone(),
+                    )
+                    .unwrap();
+                let u = Update {
+                    seq: 1,
+                    full: true,
+                    cpus: st
+                        .iter()
+                        .map(|c| (c.id, fairplace::service::convert::cpu_state(c, 1024)))
+                        .collect(),
+                    ..Update::default()
+                };
+                local.apply(&node, g, &u, Instant::now()).unwrap();
+                k += 1;
+            }
+        }
+    }
+    println!(
+        "# fairplace-load cluster: {k} nodes x {cpus} CPUs ({zones} zones x {racks} racks x {per_rack}), registered in {:.1} s; {connections} connections, {concurrency} callers, {seconds} s per phase",
+        t0.elapsed().as_secs_f64()
+    );
+    let clients: Vec<Client> = chans.iter().cloned().map(Client::from_channel).collect();
+    let mut results = Vec::new();
+    for phase in ["ping", "cluster_pick"] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for i in 0..concurrency {
+            let c = clients[i % connections].clone();
+            let stop = Arc::clone(&stop);
+            tasks.push(tokio::spawn(async move {
+                let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+                let mut errors = 0u64;
+                let req = pb::PickCpuRequest {
+                    task: Some(pb::Task {
+                        util_avg: 150,
+                        load_avg: 200,
+                        ..Default::default()
+                    }),
+                    kind: pb::RequestKind::Fork as i32,
+                    ..Default::default()
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    let ok = if phase == "ping" {
+                        c.ping().await.is_ok()
+                    } else {
+                        c.pick_cpu(req.clone()).await.is_ok()
+                    };
+                    if ok {
+                        h.record(t0.elapsed().as_nanos() as u64).unwrap();
+                    } else {
+                        errors += 1;
+                    }
+                }
+                (h, errors)
+            }));
+        }
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+        let mut errors = 0;
+        for t in tasks {
+            let (h, e) = t.await.unwrap();
+            all.add(h).unwrap();
+            errors += e;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        println!(
+            "{phase}: {:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, errors {errors}",
+            all.len() as f64 / secs,
+            pct(&all, 0.5),
+            pct(&all, 0.99)
+        );
+        results.push(pct(&all, 0.5));
+    }
+    // The naive recomputation of the same cluster, in this process.
+    let all = CpuMask::first_n(cpus as usize);
+    let req = ClusterRequest::default();
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        let c = local.naive_cluster_pick(&req, &all);
+        h.record(t0.elapsed().as_nanos() as u64).unwrap();
+        assert!(c.is_some());
+    }
+    let mut hi = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    for _ in 0..2000 {
+        let t0 = Instant::now();
+        let c = local.cluster_pick(&req, &all);
+        hi.record(t0.elapsed().as_nanos() as u64).unwrap();
+        assert!(c.is_some());
+    }
+    println!(
+        "in process: incremental pick p50 {:.1} µs, naive recomputation p50 {:.1} µs",
+        pct(&hi, 0.5),
+        pct(&h, 0.5)
+    );
+    println!(
+        "cluster PickCpu over gRPC p50 / Ping p50: {:.2}; naive recomputation / gRPC cluster PickCpu p50: {:.0}x",
+        results[1] / results[0],
+        pct(&h, 0.5) / results[1]
+    );
+    drop(streams);
 }

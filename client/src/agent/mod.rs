@@ -292,6 +292,8 @@ pub struct Simulated {
     pub churn_pct: u32,
     /// Report a task list consistent with each CPU's nr_running.
     pub tasks: bool,
+    /// CPUs per LLC; `None` = one LLC per NUMA node.
+    pub llc_cpus: Option<u32>,
     last_sample: Option<i64>,
 }
 
@@ -308,6 +310,7 @@ impl Simulated {
             state: Vec::new(),
             churn_pct: 10,
             tasks: false,
+            llc_cpus: None,
             last_sample: None,
         };
         s.state = (0..s.nr_cpus()).map(|i| s.random_cpu(i)).collect();
@@ -369,7 +372,7 @@ impl Source for Simulated {
                     id: i,
                     core: i / self.smt,
                     cluster: None,
-                    llc: i / per_node,
+                    llc: self.llc_cpus.map_or(i / per_node, |k| i / k.max(1)),
                     node: i / per_node,
                     capacity: 1024,
                 })

@@ -44,6 +44,9 @@ struct Args {
     /// Simulated nodes report task lists matching their runqueues.
     #[arg(long)]
     simulate_tasks: bool,
+    /// CPUs per LLC of a simulated node (default: one LLC per NUMA node).
+    #[arg(long)]
+    simulate_llc_cpus: Option<u32>,
     /// Serve the agent's own Prometheus metrics here.
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
@@ -131,6 +134,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut sim = Simulated::new(a.simulate_cpus, i as u64 + 1);
                 sim.churn_pct = a.simulate_churn_pct;
                 sim.tasks = a.simulate_tasks;
+                sim.llc_cpus = a.simulate_llc_cpus;
                 let (st, _) = watch::channel(StreamStats::default());
                 tasks.push(tokio::spawn(stream(
                     cfg(format!("{base}-sim-{i}")),

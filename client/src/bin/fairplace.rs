@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use fairplace_client::agent::{Machine, StreamConfig, StreamStats, stream};
+use fairplace_client::agent::{Machine, Simulated, StreamConfig, StreamStats, stream};
 use fairplace_client::table::render;
 use fairplace_client::{Client, pb};
 use serde_json::json;
@@ -105,6 +105,27 @@ enum Cmd {
         #[arg(long)]
         clear_overrides: bool,
     },
+    /// Load-balance proposals for a node (Balance RPC), or with --cluster
+    /// LEVEL=PATH across a rack or zone (e.g. --cluster rack=z1/r2).
+    Balance {
+        /// The node; omit with --cluster.
+        node: Option<String>,
+        #[arg(long)]
+        cluster: Option<String>,
+        /// Destination CPUs (cpulist); default: every online CPU.
+        #[arg(long, default_value = "")]
+        cpus: String,
+        /// Only domains whose balance interval expired.
+        #[arg(long)]
+        honor_intervals: bool,
+        /// Commit the proposals as claims on their destination CPUs.
+        #[arg(long)]
+        apply: bool,
+        #[arg(long, default_value_t = 0)]
+        max: u32,
+    },
+    /// A node's cache-aware state: per-process LLC preference and occupancy.
+    Cache { node: String },
     /// Decide a scenario file: with --server on the server (Decide RPC).
     Decide { file: String },
     /// Start a server and an agent for this machine, make a few real
@@ -120,6 +141,17 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         linger_s: u64,
     },
+}
+
+fn migration_type_name(t: i32) -> &'static str {
+    match pb::MigrationType::try_from(t) {
+        Ok(pb::MigrationType::Load) => "load",
+        Ok(pb::MigrationType::Util) => "util",
+        Ok(pb::MigrationType::Task) => "task",
+        Ok(pb::MigrationType::Misfit) => "misfit",
+        Ok(pb::MigrationType::LlcTask) => "llc_task",
+        Err(_) => "?",
+    }
 }
 
 fn task(t: &TaskArgs, prev: Option<u32>) -> Result<pb::Task, String> {
@@ -281,6 +313,185 @@ async fn run(cli: Cli) -> Result<(), String> {
                         ]]
                     )
                 );
+            }
+            Ok(())
+        }
+        Cmd::Balance {
+            node,
+            cluster,
+            cpus,
+            honor_intervals,
+            apply,
+            max,
+        } => {
+            let c = connect(&cli).await?;
+            let mut req = pb::BalanceRequest {
+                cpus: cpus.clone(),
+                honor_intervals: *honor_intervals,
+                apply: *apply,
+                max_proposals: *max,
+                ..Default::default()
+            };
+            match (node, cluster) {
+                (Some(n), None) => req.node_id = n.clone(),
+                (None, Some(spec)) => {
+                    let (level, group) = spec
+                        .split_once('=')
+                        .ok_or_else(|| format!("--cluster {spec:?}: expected LEVEL=PATH"))?;
+                    req.cluster_level = level.to_string();
+                    req.cluster_group = group.to_string();
+                }
+                _ => return Err("name a node, or --cluster LEVEL=PATH (not both)".into()),
+            }
+            let r = c.balance(req).await.map_err(status)?;
+            if cli.json {
+                for p in &r.proposals {
+                    println!(
+                        "{}",
+                        json!({"task": p.task, "group": p.group, "src_node": p.src_node,
+                            "src_cpu": p.src_cpu, "dst_node": p.dst_node, "dst_cpu": p.dst_cpu,
+                            "migration_type": migration_type_name(p.migration_type), "kind": p.kind,
+                            "level": p.level, "busiest_group": p.busiest_group, "local_group": p.local_group,
+                            "imbalance": p.imbalance, "forced_hot": p.forced_hot,
+                            "llc_preference": p.llc_preference, "reason": p.reason})
+                    );
+                }
+            } else {
+                let rows: Vec<Vec<String>> = r
+                    .proposals
+                    .iter()
+                    .map(|p| {
+                        vec![
+                            p.task.to_string(),
+                            p.group.to_string(),
+                            format!("{}/{}", p.src_node, p.src_cpu),
+                            format!("{}/{}", p.dst_node, p.dst_cpu),
+                            migration_type_name(p.migration_type).into(),
+                            p.kind.clone(),
+                            p.level.clone(),
+                            format!("{}>{}", p.busiest_group, p.local_group),
+                            p.imbalance.to_string(),
+                            if p.forced_hot { "yes" } else { "no" }.into(),
+                            if p.llc_preference { "yes" } else { "no" }.into(),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    render(
+                        &[
+                            "task",
+                            "process",
+                            "from",
+                            "to",
+                            "type",
+                            "kind",
+                            "level",
+                            "groups",
+                            "imbalance",
+                            "hot",
+                            "llc_pref"
+                        ],
+                        &rows
+                    )
+                );
+                let rej: Vec<String> = r
+                    .rejections
+                    .iter()
+                    .map(|x| format!("{}={}", x.reason, x.count))
+                    .collect();
+                println!(
+                    "{} proposals; domains balanced {}, declined {}; refused: {}{}",
+                    r.proposals.len(),
+                    r.domains_balanced,
+                    r.domains_declined,
+                    if rej.is_empty() {
+                        "none".into()
+                    } else {
+                        rej.join(" ")
+                    },
+                    if *apply {
+                        format!("; {} claimed", r.claimed)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            Ok(())
+        }
+        Cmd::Cache { node } => {
+            let c = connect(&cli).await?;
+            let r = c.get_cache(node).await.map_err(status)?;
+            if cli.json {
+                let procs: Vec<_> = r
+                    .processes
+                    .iter()
+                    .map(|p| {
+                        json!({"group": p.group, "preferred_cpu": p.preferred_cpu,
+                            "preferred_llc": p.preferred_llc, "nr_threads": p.nr_threads,
+                            "nr_running_avg": p.nr_running_avg, "occupancy": p.occupancy})
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    json!({"enabled": r.enabled, "strategy": r.strategy, "node_limited": r.node_limited,
+                        "tasks_with_preference": r.tasks_with_preference,
+                        "tasks_on_preferred_llc": r.tasks_on_preferred_llc,
+                        "scan_passes": r.scan_passes, "cpus_scanned": r.cpus_scanned,
+                        "preference_changes": r.preference_changes, "processes": procs})
+                );
+            } else {
+                println!(
+                    "cache-aware: {}, scan {}{}; {} passes, {} CPUs scanned, {} preference changes; tasks on preferred LLC {}/{}",
+                    if r.enabled { "on" } else { "off" },
+                    r.strategy,
+                    if r.node_limited {
+                        " (NUMA-node limited)"
+                    } else {
+                        ""
+                    },
+                    r.scan_passes,
+                    r.cpus_scanned,
+                    r.preference_changes,
+                    r.tasks_on_preferred_llc,
+                    r.tasks_with_preference
+                );
+                let llcs: Vec<String> = r
+                    .llcs
+                    .iter()
+                    .map(|l| format!("llc{}={}", l.index, l.cpus))
+                    .collect();
+                println!("{}", llcs.join(" "));
+                let mut header: Vec<String> = vec![
+                    "process".into(),
+                    "threads".into(),
+                    "running_avg".into(),
+                    "pref_cpu".into(),
+                    "pref_llc".into(),
+                ];
+                header.extend(r.llcs.iter().map(|l| format!("occ_llc{}", l.index)));
+                let rows: Vec<Vec<String>> = r
+                    .processes
+                    .iter()
+                    .map(|p| {
+                        let mut row = vec![
+                            p.group.to_string(),
+                            p.nr_threads.to_string(),
+                            p.nr_running_avg.to_string(),
+                            p.preferred_cpu.map_or("-".into(), |c| c.to_string()),
+                            p.preferred_llc.map_or("-".into(), |c| c.to_string()),
+                        ];
+                        // Occupancy in CPUs' worth (2^20 = one CPU fully).
+                        row.extend(
+                            p.occupancy
+                                .iter()
+                                .map(|o| format!("{:.2}", *o as f64 / (1u64 << 20) as f64)),
+                        );
+                        row
+                    })
+                    .collect();
+                let h: Vec<&str> = header.iter().map(String::as_str).collect();
+                print!("{}", render(&h, &rows));
             }
             Ok(())
         }
@@ -502,7 +713,9 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
             }
         })
     };
-    let machine = Machine::local().map_err(|e| format!("reading this machine's topology: {e}"))?;
+    let machine = Machine::local()
+        .map_err(|e| format!("reading this machine's topology: {e}"))?
+        .with_task_cap(32);
     let n = machine.nr_cpus() as u32;
     let node_id = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -519,8 +732,30 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
             backoff_max: Duration::from_secs(2),
         },
         machine,
-        agent_stop,
+        agent_stop.clone(),
         stats_tx,
+    ));
+
+    // A simulated node with task lists beside it, so the balancer has work:
+    // this machine's own kernel keeps it balanced already.
+    let sim_id = format!("{node_id}-sim16");
+    let mut sim = Simulated::new(16, 7);
+    sim.tasks = true;
+    sim.llc_cpus = Some(8);
+    sim.churn_pct = 25;
+    let (sim_stats_tx, _sim_stats) = watch::channel(StreamStats::default());
+    let sim_agent = tokio::spawn(stream(
+        StreamConfig {
+            server: grpc_addr.to_string(),
+            node_id: sim_id.clone(),
+            labels: vec![("zone".into(), "sim".into())],
+            interval: Duration::from_millis(250),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+        },
+        sim,
+        agent_stop.clone(),
+        sim_stats_tx,
     ));
 
     let client = Client::connect(&grpc_addr.to_string())
@@ -530,9 +765,12 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
     // so util reflects a measured interval.
     let t0 = Instant::now();
     loop {
-        if let Ok(node) = client.get_node(&node_id).await
-            && node.last_seq >= 2
-        {
+        let seq = |id: &str| {
+            let c = &client;
+            let id = id.to_string();
+            async move { c.get_node(&id).await.map_or(0, |n| n.last_seq) }
+        };
+        if seq(&node_id).await >= 2 && seq(&sim_id).await >= 2 {
             break;
         }
         if t0.elapsed() > Duration::from_secs(10) {
@@ -636,6 +874,52 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
     );
     spin.store(false, std::sync::atomic::Ordering::Relaxed);
     let _ = spinner.join();
+    for (what, id) in [("this machine", &node_id), ("the simulated node", &sim_id)] {
+        let r = client
+            .balance(pb::BalanceRequest {
+                node_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(status)?;
+        println!(
+            "\nload balance of {what} ({id}): {} proposals, {} domains balanced, {} declined by should_we_balance",
+            r.proposals.len(),
+            r.domains_balanced,
+            r.domains_declined
+        );
+        let rows: Vec<Vec<String>> = r
+            .proposals
+            .iter()
+            .map(|p| {
+                vec![
+                    p.task.to_string(),
+                    format!("{} -> {}", p.src_cpu, p.dst_cpu),
+                    migration_type_name(p.migration_type).into(),
+                    p.level.clone(),
+                    p.reason.clone(),
+                ]
+            })
+            .collect();
+        if !rows.is_empty() {
+            print!(
+                "{}",
+                render(&["task", "cpus", "type", "level", "why"], &rows)
+            );
+        }
+    }
+    if let Ok(c) = client.get_cache(&sim_id).await {
+        println!(
+            "\ncache-aware scheduling on {sim_id}: {} processes tracked, {} with a preferred LLC; {} task_cache_work passes read {} CPUs",
+            c.processes.len(),
+            c.processes
+                .iter()
+                .filter(|p| p.preferred_llc.is_some())
+                .count(),
+            c.scan_passes,
+            c.cpus_scanned
+        );
+    }
     println!("\ngRPC:    {grpc_addr}   (try: fairplace --server {grpc_addr} nodes)");
     println!("metrics: http://{metrics_addr}/metrics");
     if linger_s > 0 {
@@ -647,6 +931,7 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
     }
     agent_stop_tx.send(true).ok();
     let _ = agent.await;
+    let _ = sim_agent.await;
     stop_tx.send(true).ok();
     let _ = server.await;
     Ok(())

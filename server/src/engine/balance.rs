@@ -975,18 +975,27 @@ impl Balancer {
     fn need_active_balance(&self, pass: &Pass<'_, '_>, env: &Env) -> bool {
         let topo = pass.topo;
         let d = &topo.domains(env.dst_cpu)[env.sd];
-        if let Some(l) = pass.llc
-            && l.alb_break_llc(
+        if let Some(l) = pass.llc {
+            let curr_misfits = d.has(sd::ASYM_CPUCAPACITY)
+                && self.tasks[env.src_cpu]
+                    .iter()
+                    .find(|t| t.running)
+                    .is_some_and(|t| {
+                        let p = pass.table.task(t, env.src_cpu);
+                        let ctx = Ctx::new(self.view(pass), &p, env.src_cpu);
+                        !ctx.task_fits_cpu(env.dst_cpu) && ctx.task_fits_cpu(env.src_cpu)
+                    });
+            if l.alb_break_llc(
                 topo,
                 &self.work,
                 &self.tasks,
                 &self.llc,
-                env.src_cpu,
-                env.dst_cpu,
+                (env.src_cpu, env.dst_cpu),
                 env.migration_type == MigrationType::Misfit,
-            )
-        {
-            return false;
+                curr_misfits,
+            ) {
+                return false;
+            }
         }
         let failed = self.lb.dom[env.dst_cpu][env.sd].nr_balance_failed;
         if env.migration_type == MigrationType::Task && failed > d.cache_nice_tries + 2 {
@@ -1032,7 +1041,9 @@ impl Balancer {
         if !topo.online.test(src) || !topo.online.test(target) {
             return false;
         }
-        if self.work.cpus[src].nr_running <= 1 {
+        // The kernel tests nr_running <= 1 with the stopper itself counted:
+        // one queued fair task is enough.
+        if self.work.cpus[src].nr_running == 0 {
             return false;
         }
         let Some(k) = topo
@@ -1050,7 +1061,12 @@ impl Balancer {
             cpus: topo.span(topo.domains(target)[k].span).and(&topo.online),
             idle: IdleType::Idle,
             src_cpu: src,
-            flags: lbf::ACTIVE_LB,
+            // alb_stop_fn(): the cache-aware stopper for migrate_llc_task.
+            flags: if lb_env.migration_type == MigrationType::LlcTask {
+                lbf::ACTIVE_LB | lbf::ACTIVE_LB_LLC
+            } else {
+                lbf::ACTIVE_LB
+            },
             migration_type: MigrationType::Load,
             ..lb_env.clone()
         };

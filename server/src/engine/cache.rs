@@ -551,6 +551,7 @@ impl CacheState {
             params,
             prefs,
             cleared: RefCell::new(Vec::new()),
+            util_est: true,
         }
     }
 }
@@ -613,6 +614,8 @@ pub struct LlcView<'a> {
     pub prefs: HashMap<u64, GroupPref>,
     /// Processes whose preference the pass dropped.
     pub cleared: RefCell<Vec<u64>>,
+    /// UTIL_EST: an LLC's utilisation counts util_est.
+    pub util_est: bool,
 }
 
 /// Per-CPU cache-aware counts of a working copy: `nr_llc_running`,
@@ -699,11 +702,8 @@ impl LlcView<'_> {
         let mut cap = 0u64;
         for i in span.iter() {
             let rq = &st.cpus[i];
-            util += rq
-                .util_avg
-                .max(rq.util_est)
-                .min(topo.capacity_orig(i) as i64)
-                .max(0) as u64;
+            let e = if self.util_est { rq.util_est } else { 0 };
+            util += rq.util_avg.max(e).min(topo.capacity_orig(i) as i64).max(0) as u64;
             cap += rq.capacity as u64;
         }
         (util, cap)
@@ -754,7 +754,10 @@ impl LlcView<'_> {
         if forbid { LlcMig::Forbid } else { LlcMig::Llc }
     }
 
-    /// `can_migrate_llc_task()`.
+    /// `can_migrate_llc_task()`. `misfits` is `task_misfits_asym_cpu()`:
+    /// on an asymmetric domain the task fits the source but not the
+    /// destination (kernel 7.2; the algorithm notes lack it).
+    #[allow(clippy::too_many_arguments)]
     pub fn can_migrate_llc_task(
         &self,
         topo: &Topology,
@@ -763,7 +766,11 @@ impl LlcView<'_> {
         dst: usize,
         group: u64,
         task_util: u64,
+        misfits: bool,
     ) -> LlcMig {
+        if misfits {
+            return LlcMig::Forbid;
+        }
         let Some(pref) = self.pref_of(group) else {
             return LlcMig::Unrestricted;
         };
@@ -792,10 +799,10 @@ impl LlcView<'_> {
         &self,
         topo: &Topology,
         st: &NodeState,
-        src: usize,
-        dst: usize,
+        (src, dst): (usize, usize),
         group: u64,
         task_util: u64,
+        misfits: bool,
         llc_task: bool,
         nr_balance_failed: u32,
         cache_nice_tries: u32,
@@ -807,7 +814,7 @@ impl LlcView<'_> {
         if llc_task && self.pref_of(group) != Some(self.llc.llc(dst)) {
             return Some(true);
         }
-        match self.can_migrate_llc_task(topo, st, src, dst, group, task_util) {
+        match self.can_migrate_llc_task(topo, st, src, dst, group, task_util, misfits) {
             LlcMig::Forbid => Some(true),
             LlcMig::Llc => Some(false),
             LlcMig::Unrestricted => None,
@@ -852,9 +859,9 @@ impl LlcView<'_> {
         st: &NodeState,
         tasks: &[VecDeque<RqTask>],
         counts: &RqCounts,
-        src: usize,
-        dst: usize,
+        (src, dst): (usize, usize),
         misfit: bool,
+        curr_misfits: bool,
     ) -> bool {
         if self.llc.llc(src) == self.llc.llc(dst) {
             return false;
@@ -874,6 +881,6 @@ impl LlcView<'_> {
             .iter()
             .find(|t| t.running)
             .map_or(0, |t| t.util_avg.max(0) as u64);
-        self.can_migrate_llc(topo, st, src, dst, util, false) == LlcMig::Forbid
+        curr_misfits || self.can_migrate_llc(topo, st, src, dst, util, false) == LlcMig::Forbid
     }
 }

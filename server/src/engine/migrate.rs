@@ -15,15 +15,19 @@ pub mod lbf {
     pub const ACTIVE_LB: u32 = 0x10;
     /// A task was refused only for cache-aware reasons.
     pub const LLC_PINNED: u32 = 0x20;
+    /// Active balancing for `migrate_llc_task`: only a task preferring the
+    /// destination's LLC may go.
+    pub const ACTIVE_LB_LLC: u32 = 0x40;
 
     /// Names in output order.
-    pub const NAMES: [(u32, &str); 6] = [
+    pub const NAMES: [(u32, &str); 7] = [
         (ALL_PINNED, "ALL_PINNED"),
         (NEED_BREAK, "NEED_BREAK"),
         (DST_PINNED, "DST_PINNED"),
         (SOME_PINNED, "SOME_PINNED"),
         (ACTIVE_LB, "ACTIVE_LB"),
         (LLC_PINNED, "LLC_PINNED"),
+        (ACTIVE_LB_LLC, "ACTIVE_LB_LLC"),
     ];
 }
 
@@ -218,6 +222,14 @@ pub fn can_migrate_task_llc(
         return done(false, flags, Reason::Running, None, None);
     }
     if flags & lbf::ACTIVE_LB != 0 {
+        // migrate_llc_task_wrong_dst(): the cache-aware stopper takes only
+        // a task that prefers the destination's LLC.
+        if let Some((l, group)) = llc
+            && flags & lbf::ACTIVE_LB_LLC != 0
+            && l.pref_of(group) != Some(l.llc.llc(env.dst_cpu))
+        {
+            return done(false, flags, Reason::LlcPinned, None, None);
+        }
         return done(true, flags, Reason::ActiveLb, None, None);
     }
 
@@ -225,13 +237,17 @@ pub fn can_migrate_task_llc(
     // the cache-aware test and then task_hot() decide.
     let mut llc_decided = env.migration_type == MigrationType::LlcTask;
     if let Some((l, group)) = llc {
+        // task_misfits_asym_cpu(): never trade capacity for cache locality.
+        let misfits = d.has(sd::ASYM_CPUCAPACITY)
+            && !ctx.task_fits_cpu(env.dst_cpu)
+            && ctx.task_fits_cpu(env.src_cpu);
         let degrades = l.migrate_degrades_llc(
             view.topo,
             view.state,
-            env.src_cpu,
-            env.dst_cpu,
+            (env.src_cpu, env.dst_cpu),
             group,
             p.util_avg.max(0) as u64,
+            misfits,
             env.migration_type == MigrationType::LlcTask,
             env.nr_balance_failed,
             cnt,

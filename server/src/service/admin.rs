@@ -135,6 +135,47 @@ impl AdminService for Admin {
         }))
     }
 
+    async fn get_cache(
+        &self,
+        req: Request<pb::GetCacheRequest>,
+    ) -> Result<Response<pb::GetCacheResponse>, Status> {
+        self.auth.authorize("GetCache", req.metadata())?;
+        let n = self.node(&req.get_ref().node_id)?;
+        let c = self.store.cache_summary(&n, Instant::now());
+        Ok(Response::new(pb::GetCacheResponse {
+            enabled: c.enabled,
+            strategy: c.strategy.as_str().to_string(),
+            node_limited: c.node_limited,
+            llcs: c
+                .llcs
+                .iter()
+                .enumerate()
+                .map(|(i, (id, cpus))| pb::Llc {
+                    index: i as u32,
+                    llc_id: *id,
+                    cpus: cpus.to_string(),
+                })
+                .collect(),
+            processes: c
+                .procs
+                .iter()
+                .map(|p| pb::ProcessCache {
+                    group: p.group,
+                    preferred_cpu: p.preferred_cpu.map(|x| x as u32),
+                    preferred_llc: p.preferred_llc.map(|x| x as u32),
+                    nr_threads: p.nr_threads,
+                    nr_running_avg: p.nr_running_avg,
+                    occupancy: p.occupancy.clone(),
+                })
+                .collect(),
+            tasks_with_preference: c.tasks_with_preference,
+            tasks_on_preferred_llc: c.tasks_on_preferred_llc,
+            scan_passes: c.passes,
+            cpus_scanned: c.scanned,
+            preference_changes: c.changes,
+        }))
+    }
+
     async fn get_features(
         &self,
         req: Request<pb::GetFeaturesRequest>,

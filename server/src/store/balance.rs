@@ -149,6 +149,7 @@ impl Store {
             params: &params,
             prefs,
             cleared: Default::default(),
+            util_est: snap.features.util_est,
         });
         let opts = BalanceOpts {
             dst_cpus: req.dst_cpus.unwrap_or(topo.online),
