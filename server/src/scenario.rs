@@ -920,6 +920,7 @@ fn parse_migrate_request(
     Ok(MigrateEnv {
         src_cpu: src,
         dst_cpu: dst,
+        sd_cpu: dst,
         sd,
         dst_group: o
             .cpulist("dst_group", n)?

@@ -798,6 +798,7 @@ fn can_migrate_llc_task_drops_a_preference_too_big_for_the_destination_llc() {
         )]),
         cleared: Default::default(),
         util_est: true,
+        recorded: Default::default(),
     };
     let ns = node(&topo, &llc, &[2048, 100, 0]);
     let ok = view(1);

@@ -252,6 +252,9 @@ pub fn rejection_name(i: usize) -> &'static str {
 /// `struct lb_env`.
 #[derive(Clone)]
 struct Env {
+    /// `env->sd`: domain `sd` of `sd_cpu`'s chain; it stays the balancing
+    /// CPU's when the destination is retargeted.
+    sd_cpu: usize,
     sd: usize,
     dst_cpu: usize,
     dst_grpmask: CpuMask,
@@ -280,6 +283,8 @@ pub struct Balancer {
     detached: Vec<RqTask>,
     /// Per-CPU cache-aware counts of the working copy.
     llc: cache::RqCounts,
+    /// The LLC statistics recorded by earlier passes (`sd_llc_shared`).
+    llc_recorded: Vec<Option<(u64, u64)>>,
 }
 
 struct Pass<'a, 'o> {
@@ -303,6 +308,7 @@ impl Balancer {
             tasks: Vec::new(),
             detached: Vec::new(),
             llc: cache::RqCounts::default(),
+            llc_recorded: Vec::new(),
         }
     }
 
@@ -320,6 +326,7 @@ impl Balancer {
         let topo = view.topo;
         if !self.lb.fits(topo) {
             self.lb = LbState::new(topo);
+            self.llc_recorded.clear();
         }
         self.work.cpus.clone_from(&view.state.cpus);
         self.work.shared.clone_from(&view.state.shared);
@@ -332,6 +339,7 @@ impl Balancer {
         }
         if let Some(l) = llc {
             l.counts(topo, &self.tasks, &mut self.llc);
+            l.recorded.borrow_mut().clone_from(&self.llc_recorded);
         }
         let mut pass = Pass {
             topo,
@@ -348,6 +356,9 @@ impl Balancer {
                 self.sched_balance_domains(&mut pass, cpu);
             }
             c = opts.dst_cpus.next_lt(cpu + 1, topo.nr_cpus);
+        }
+        if let Some(l) = llc {
+            self.llc_recorded.clone_from(&l.recorded.borrow());
         }
         pass.stats
     }
@@ -415,6 +426,7 @@ impl Balancer {
         let d = &topo.domains(this_cpu)[k];
         let has_parent = k + 1 < topo.domains(this_cpu).len();
         let mut env = Env {
+            sd_cpu: this_cpu,
             sd: k,
             dst_cpu: this_cpu,
             dst_grpmask: group_balance_mask(topo, this_cpu, k),
@@ -465,13 +477,13 @@ impl Balancer {
                     moved += now;
                     if env.flags & lbf::NEED_BREAK != 0 {
                         env.flags &= !lbf::NEED_BREAK;
-                        if env.loop_ < self.work.cpus[busiest].nr_running {
-                            continue;
-                        }
+                        continue;
                     }
-                    // Retry the same source toward the CPU the task could use.
+                    // Retry the same source toward the CPU the task could use
+                    // (unless the caller's proposal limit is reached).
                     if env.flags & lbf::DST_PINNED != 0
                         && env.imbalance > 0
+                        && !self.full(pass)
                         && let Some(nd) = env.new_dst_cpu
                     {
                         env.cpus.clear(env.dst_cpu);
@@ -498,25 +510,28 @@ impl Balancer {
                 }
             }
             let st = &mut self.lb.dom[this_cpu][k];
+            let mut need_active = false;
             if moved == 0 {
                 let llc_pinned = env.flags & lbf::LLC_PINNED != 0;
                 if env.migration_type != MigrationType::Misfit && !llc_pinned {
                     st.nr_balance_failed += 1;
                 }
-                if self.need_active_balance(pass, &env) {
+                // Decided once: the kernel's stopper runs later, so its
+                // second look sees the state from before the push.
+                need_active = self.need_active_balance(pass, &env);
+                if need_active {
                     if !self.curr_allowed_on(pass, busiest, this_cpu) {
                         break 'redo Exit::OnePinned;
                     }
                     env.flags &= !lbf::ALL_PINNED;
                     active_started = true;
-                    if self.active_load_balance(pass, &env, busiest, this_cpu) {
-                        moved += 1;
-                    }
+                    // Not counted as moved by this pass: the stopper does it.
+                    self.active_load_balance(pass, &env, busiest, this_cpu);
                 }
             } else {
                 st.nr_balance_failed = 0;
             }
-            if !active_started || self.need_active_balance(pass, &env) {
+            if !active_started || need_active {
                 let st = &mut self.lb.dom[this_cpu][k];
                 st.balance_interval = d.weight;
             }
@@ -636,7 +651,7 @@ impl Balancer {
         let imb = lb::find_busiest_decision(&p, &mut sds, &mut local, &busiest_sgs)?;
         env.migration_type = imb.migration_type;
         env.imbalance = imb.imbalance;
-        Some(busiest)
+        (imb.imbalance != 0).then_some(busiest)
     }
 
     /// `update_sg_lb_stats()` over `group ∩ env.cpus`.
@@ -706,6 +721,7 @@ impl Balancer {
         s.smt = flags & sd::SHARE_CPUCAPACITY != 0;
         s.prefer_sibling = flags & sd::PREFER_SIBLING != 0;
         s.sgc_imbalance = self.lb.group_imbalance[g as usize];
+        let k = env.sd;
         if !is_local {
             s.group_smt_balance = env.idle != IdleType::NotIdle && s.smt && s.sum_h_nr_running > 1;
             if let Some(l) = pass.llc {
@@ -716,18 +732,30 @@ impl Balancer {
                     &s,
                     span,
                     env.dst_cpu,
-                    self.lb.dom[env.dst_cpu][env.sd].nr_balance_failed,
+                    self.lb.dom[env.sd_cpu][env.sd].nr_balance_failed,
                 );
             }
         }
         lb::classify(d.imbalance_pct, &mut s);
+        // record_sg_llc_stats(): at the level just above the destination's
+        // LLC, each group is an LLC; its sums are what can_migrate_llc reads.
+        if let Some(l) = pass.llc
+            && env.idle != IdleType::NewlyIdle
+            && k >= 1
+            && topo.cpu[env.sd_cpu].sd_llc == Some((k - 1) as u8)
+            && let Some(first) = span.first()
+        {
+            l.record(first, s.group_util, s.group_capacity);
+        }
         s
     }
 
-    /// `rq->misfit_task_load`: the running task's load when it does not fit
-    /// its CPU (asymmetric capacity only).
+    /// `rq->misfit_task_load` (`update_misfit_status`): the running task's
+    /// load when it does not fit its CPU and could go somewhere bigger;
+    /// asymmetric capacity only.
     fn misfit_load(&self, pass: &Pass<'_, '_>, cpu: usize) -> u64 {
-        if !pass.topo.asym_active {
+        let topo = pass.topo;
+        if !topo.asym_active {
             return 0;
         }
         let Some(t) = self.tasks[cpu].iter().find(|t| t.running) else {
@@ -735,6 +763,17 @@ impl Balancer {
         };
         let p = pass.table.task(t, cpu);
         let ctx = Ctx::new(self.view(pass), &p, cpu);
+        let allowed = ctx.cpus_ptr.and(&topo.online);
+        // Pinned to one CPU, or already on its biggest allowed CPU: nowhere
+        // better to go.
+        let max_allowed = allowed
+            .iter()
+            .map(|c| topo.capacity_orig(c))
+            .max()
+            .unwrap_or(0);
+        if allowed.weight() <= 1 || topo.capacity_orig(cpu) >= max_allowed {
+            return 0;
+        }
         if ctx.task_fits_cpu(cpu) {
             0
         } else {
@@ -751,7 +790,7 @@ impl Balancer {
         group: SpanId,
     ) -> Option<usize> {
         let topo = pass.topo;
-        let d = &topo.domains(env.dst_cpu)[env.sd];
+        let d = &topo.domains(env.sd_cpu)[env.sd];
         let util_est = pass.view.features.util_est;
         let dst_cap = self.work.cpus[env.dst_cpu].capacity as u64;
         let mut busiest = None;
@@ -832,13 +871,14 @@ impl Balancer {
         let menv = MigrateEnv {
             src_cpu: env.src_cpu,
             dst_cpu: env.dst_cpu,
+            sd_cpu: env.sd_cpu,
             sd: env.sd,
             dst_group: env.dst_grpmask,
             env_cpus: env.cpus,
             idle: env.idle,
             migration_type: env.migration_type,
             flags: env.flags,
-            nr_balance_failed: self.lb.dom[env.dst_cpu][env.sd].nr_balance_failed,
+            nr_balance_failed: self.lb.dom[env.sd_cpu][env.sd].nr_balance_failed,
             cache_nice_tries: None,
             throttled: false,
             dst_cfs_nr_queued: self.work.cpus[env.dst_cpu].cfs_h_nr_queued,
@@ -959,14 +999,16 @@ impl Balancer {
     fn dequeue(&mut self, pass: &Pass<'_, '_>, cpu: usize, t: &RqTask) {
         rq_sub(&mut self.work.cpus[cpu], t);
         if let Some(l) = pass.llc {
-            self.llc.dequeue(cpu, l.pref_of(t.group), !t.sched_delayed);
+            self.llc
+                .dequeue(cpu, l.task_pref(t.group), !t.sched_delayed);
         }
     }
 
     fn enqueue(&mut self, pass: &Pass<'_, '_>, cpu: usize, t: RqTask) {
         rq_add(&mut self.work.cpus[cpu], &t);
         if let Some(l) = pass.llc {
-            self.llc.enqueue(cpu, l.pref_of(t.group), !t.sched_delayed);
+            self.llc
+                .enqueue(cpu, l.task_pref(t.group), !t.sched_delayed);
         }
         self.tasks[cpu].push_front(t);
     }
@@ -974,7 +1016,7 @@ impl Balancer {
     /// `need_active_balance()`.
     fn need_active_balance(&self, pass: &Pass<'_, '_>, env: &Env) -> bool {
         let topo = pass.topo;
-        let d = &topo.domains(env.dst_cpu)[env.sd];
+        let d = &topo.domains(env.sd_cpu)[env.sd];
         if let Some(l) = pass.llc {
             let curr_misfits = d.has(sd::ASYM_CPUCAPACITY)
                 && self.tasks[env.src_cpu]
@@ -997,7 +1039,7 @@ impl Balancer {
                 return false;
             }
         }
-        let failed = self.lb.dom[env.dst_cpu][env.sd].nr_balance_failed;
+        let failed = self.lb.dom[env.sd_cpu][env.sd].nr_balance_failed;
         if env.migration_type == MigrationType::Task && failed > d.cache_nice_tries + 2 {
             return true;
         }
@@ -1055,6 +1097,7 @@ impl Balancer {
         };
         pass.stats.active_balances += 1;
         let mut env = Env {
+            sd_cpu: target,
             sd: k,
             dst_cpu: target,
             dst_grpmask: group_balance_mask(topo, target, k),
@@ -1181,7 +1224,7 @@ fn cpu_util_cfs(topo: &Topology, rq: &CpuState, cpu: usize, util_est: bool) -> u
 }
 
 /// `cpu_util_cfs_boost()`: utilisation raised to the runnable average.
-fn cpu_util_cfs_boost(topo: &Topology, rq: &CpuState, cpu: usize, util_est: bool) -> u64 {
+pub fn cpu_util_cfs_boost(topo: &Topology, rq: &CpuState, cpu: usize, util_est: bool) -> u64 {
     let mut u = rq.util_avg.max(rq.runnable_avg);
     if util_est {
         u = u.max(rq.util_est);

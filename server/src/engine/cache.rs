@@ -443,6 +443,12 @@ impl CacheState {
         while let Some(cpu) = next {
             let l = llc.llc(cpu);
             let span = llc.spans[l];
+            // A CPU whose LLC domain degenerated has no sd_llc: skipped.
+            if topo.sd_llc(cpu).is_none() {
+                cpus.clear(cpu);
+                next = cpus.next_lt(cpu + 1, n);
+                continue;
+            }
             let inner = match strategy {
                 ScanStrategy::Full => span,
                 ScanStrategy::Visit => span.and(&visited),
@@ -552,6 +558,7 @@ impl CacheState {
             prefs,
             cleared: RefCell::new(Vec::new()),
             util_est: true,
+            recorded: RefCell::new(Vec::new()),
         }
     }
 }
@@ -616,6 +623,10 @@ pub struct LlcView<'a> {
     pub cleared: RefCell<Vec<u64>>,
     /// UTIL_EST: an LLC's utilisation counts util_est.
     pub util_est: bool,
+    /// Each LLC's utilisation and capacity as `record_sg_llc_stats` last
+    /// stored them (by dense LLC index); an LLC not recorded yet reads its
+    /// present sums instead.
+    pub recorded: RefCell<Vec<Option<(u64, u64)>>>,
 }
 
 /// Per-CPU cache-aware counts of a working copy: `nr_llc_running`,
@@ -668,12 +679,32 @@ impl RqCounts {
 }
 
 impl LlcView<'_> {
-    /// `p->preferred_llc` of a task of `group`.
+    /// `get_pref_llc()` now: the process's preferred LLC, unless the pass
+    /// dropped it (`grp->cpu = -1`).
     pub fn pref_of(&self, group: u64) -> Option<usize> {
-        if group == 0 || self.cleared.borrow().contains(&group) {
+        if self.cleared.borrow().contains(&group) {
+            return None;
+        }
+        self.task_pref(group)
+    }
+
+    /// `p->preferred_llc` of a task of `group`: set when the task was last
+    /// accounted, so a preference the pass dropped still counts here.
+    pub fn task_pref(&self, group: u64) -> Option<usize> {
+        if group == 0 {
             return None;
         }
         self.prefs.get(&group).map(|p| p.llc as usize)
+    }
+
+    /// `record_sg_llc_stats()`: stores an LLC's group sums.
+    pub fn record(&self, cpu: usize, util: u64, capacity: u64) {
+        let l = self.llc.llc(cpu);
+        let mut r = self.recorded.borrow_mut();
+        if r.len() < self.llc.nr_llc() {
+            r.resize(self.llc.nr_llc(), None);
+        }
+        r[l] = Some((util, capacity));
     }
 
     /// Fills the per-CPU counts from the task lists.
@@ -689,15 +720,21 @@ impl LlcView<'_> {
         out.counts.resize(n * out.nr_llc, 0);
         for (cpu, list) in tasks.iter().enumerate().take(n) {
             for t in list {
-                out.enqueue(cpu, self.pref_of(t.group), !t.sched_delayed);
+                out.enqueue(cpu, self.task_pref(t.group), !t.sched_delayed);
             }
         }
     }
 
-    /// The LLC's utilisation and capacity (what `record_sg_llc_stats`
-    /// stores in its shared object), from the working state.
-    fn llc_stats(&self, topo: &Topology, st: &NodeState, cpu: usize) -> (u64, u64) {
-        let span = &self.llc.spans[self.llc.llc(cpu)];
+    /// `get_llc_stats()`: the LLC's utilisation and capacity as recorded,
+    /// or its present sums before the first record; `None` without an LLC
+    /// domain (no shared object).
+    fn llc_stats(&self, topo: &Topology, st: &NodeState, cpu: usize) -> Option<(u64, u64)> {
+        topo.sd_llc(cpu)?;
+        let l = self.llc.llc(cpu);
+        if let Some(Some(r)) = self.recorded.borrow().get(l) {
+            return Some(*r);
+        }
+        let span = &self.llc.spans[l];
         let mut util = 0u64;
         let mut cap = 0u64;
         for i in span.iter() {
@@ -706,7 +743,7 @@ impl LlcView<'_> {
             util += rq.util_avg.max(e).min(topo.capacity_orig(i) as i64).max(0) as u64;
             cap += rq.capacity as u64;
         }
-        (util, cap)
+        Some((util, cap))
     }
 
     /// `fits_llc_capacity()`: below overaggr_pct (x 3/2 without SMT).
@@ -735,11 +772,11 @@ impl LlcView<'_> {
         task_util: u64,
         to_pref: bool,
     ) -> LlcMig {
-        let (su, sc) = self.llc_stats(topo, st, src);
-        let (du, dc) = self.llc_stats(topo, st, dst);
-        if sc == 0 || dc == 0 {
+        let (Some((su, sc)), Some((du, dc))) =
+            (self.llc_stats(topo, st, src), self.llc_stats(topo, st, dst))
+        else {
             return LlcMig::Unrestricted;
-        }
+        };
         let su = su.saturating_sub(task_util);
         let du = du + task_util;
         // Both LLCs busy: ordinary load balancing decides.
@@ -811,7 +848,8 @@ impl LlcView<'_> {
         if nr_balance_failed > cache_nice_tries {
             return None;
         }
-        if llc_task && self.pref_of(group) != Some(self.llc.llc(dst)) {
+        // migrate_llc_task_wrong_dst() reads the task's own preference.
+        if llc_task && self.task_pref(group) != Some(self.llc.llc(dst)) {
             return Some(true);
         }
         match self.can_migrate_llc_task(topo, st, src, dst, group, task_util, misfits) {

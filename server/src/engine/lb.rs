@@ -164,10 +164,11 @@ pub fn classify(pct: u32, s: &mut SgLbStats) {
     }
 }
 
-/// `smt_vs_nonsmt_groups()`.
+/// `smt_vs_nonsmt_groups()`: false while there is no busiest group yet
+/// (the sentinel has no CPUs).
 #[inline]
 fn smt_vs_nonsmt_groups(a: &SgLbStats, b: &SgLbStats) -> bool {
-    a.smt != b.smt
+    a.group_weight != 0 && b.group_weight != 0 && a.smt != b.smt
 }
 
 /// `update_sd_pick_busiest()`: is `sg` busier than the busiest so far?
@@ -187,6 +188,13 @@ pub fn update_sd_pick_busiest(
         && (!p.dst_core_idle
             || !capacity_greater(p.dst_capacity, sg.max_capacity)
             || local_type != GroupType::HasSpare)
+    {
+        return false;
+    }
+    // A faster group is not relieved by a slower destination.
+    if p.asym_cpucapacity
+        && sg.group_type <= GroupType::FullyBusy
+        && capacity_greater(sg.min_capacity, p.dst_capacity)
     {
         return false;
     }
@@ -228,13 +236,6 @@ pub fn update_sd_pick_busiest(
                 return false;
             }
         }
-    }
-    // A faster group is not relieved by a slower destination.
-    if p.asym_cpucapacity
-        && sg.group_type <= GroupType::FullyBusy
-        && capacity_greater(sg.min_capacity, p.dst_capacity)
-    {
-        return false;
     }
     true
 }
@@ -306,9 +307,11 @@ pub struct Imbalance {
     pub imbalance: i64,
 }
 
-/// The end of `sched_balance_find_src_group()`: balanced (`None`), or the
-/// migration type and amount `calculate_imbalance()` asks for. `local` may
-/// get its avg_load computed, as the kernel's does.
+/// The end of `sched_balance_find_src_group()`: balanced before any
+/// computation (`None`), or what `calculate_imbalance()` asks for, which is
+/// balanced too when its amount is 0 (the type still counts for the exits
+/// of `sched_balance_rq`). `local` may get its avg_load computed, as the
+/// kernel's does.
 pub fn find_busiest_decision(
     p: &DomainParams,
     sds: &mut SdTotals,
@@ -356,8 +359,7 @@ pub fn find_busiest_decision(
             }
         }
     }
-    let imb = calculate_imbalance(p, sds, local, busiest);
-    (imb.imbalance != 0).then_some(imb)
+    Some(calculate_imbalance(p, sds, local, busiest))
 }
 
 /// `calculate_imbalance()`: how much to move, in the units of the chosen
@@ -400,7 +402,9 @@ pub fn calculate_imbalance(
         let mut imb = if busiest.group_weight == 1 || sds.prefer_sibling {
             sibling_imbalance(p, busiest, local)
         } else {
-            (local.idle_cpus as i64 - busiest.idle_cpus as i64).max(0)
+            // An unsigned int difference: fewer local idle CPUs wrap to a
+            // huge count, as in the kernel.
+            local.idle_cpus.wrapping_sub(busiest.idle_cpus) as i64
         };
         if p.numa {
             imb = adjust_numa_imbalance(imb, local.sum_nr_running as i64 + 1, p.imb_numa_nr as i64);
@@ -642,5 +646,72 @@ mod tests {
         busiest.idle_cpus = 6;
         let imb = calculate_imbalance(&p, &mut sds, &mut local, &busiest);
         assert_eq!(imb.imbalance, 0);
+    }
+
+    #[test]
+    fn a_busy_group_of_bigger_cpus_is_never_the_busiest_for_a_smaller_destination() {
+        // Checked before the type comparison: even the first candidate is
+        // refused (a fully busy group of 1024-capacity CPUs, destination 512).
+        let p = DomainParams {
+            asym_cpucapacity: true,
+            dst_capacity: 512,
+            ..params(true)
+        };
+        let g = group(2, 2, 2048, 2048, 2048);
+        assert_eq!(g.group_type, GroupType::FullyBusy);
+        assert!(!update_sd_pick_busiest(
+            &p,
+            GroupType::HasSpare,
+            &SgLbStats::NO_BUSIEST,
+            &g
+        ));
+        // A 1024 destination is not smaller: it may pull.
+        let p2 = DomainParams {
+            dst_capacity: 1024,
+            ..p
+        };
+        assert!(update_sd_pick_busiest(
+            &p2,
+            GroupType::HasSpare,
+            &SgLbStats::NO_BUSIEST,
+            &g
+        ));
+    }
+
+    #[test]
+    fn the_first_smt_group_with_one_task_can_be_the_busiest() {
+        // smt_vs_nonsmt_groups() is false without a busiest group: the
+        // has-spare rule applies (1 idle CPU < UINT_MAX).
+        let p = params(true);
+        let mut g = group(2, 1, 500, 500, 500);
+        g.smt = true;
+        g.idle_cpus = 1;
+        assert!(update_sd_pick_busiest(
+            &p,
+            GroupType::HasSpare,
+            &SgLbStats::NO_BUSIEST,
+            &g
+        ));
+        // Against a real non-SMT busiest, the SMT group with one task loses.
+        let mut other = group(2, 1, 500, 500, 500);
+        other.idle_cpus = 1;
+        assert!(!update_sd_pick_busiest(&p, GroupType::HasSpare, &other, &g));
+    }
+
+    #[test]
+    fn fewer_local_idle_cpus_wrap_like_the_kernels_unsigned_difference() {
+        // Busiest overloaded, local has spare, an LLC domain, no
+        // prefer_sibling, 4-CPU groups: imbalance = (1 - 2) as unsigned int
+        // = 4294967295, >> 1 = 2147483647 tasks.
+        let p = params(true);
+        let mut local = group(4, 3, 1000, 1000, 1000);
+        local.idle_cpus = 1;
+        let mut busiest = group(4, 9, 4096, 9000, 9000);
+        busiest.idle_cpus = 2;
+        assert_eq!(busiest.group_type, GroupType::Overloaded);
+        let mut sds = SdTotals::default();
+        let imb = calculate_imbalance(&p, &mut sds, &mut local, &busiest);
+        assert_eq!(imb.migration_type, MigrationType::Task);
+        assert_eq!(imb.imbalance, 2_147_483_647);
     }
 }

@@ -20,14 +20,14 @@ pub mod lbf {
     pub const ACTIVE_LB_LLC: u32 = 0x40;
 
     /// Names in output order.
-    pub const NAMES: [(u32, &str); 7] = [
+    /// The flags of the scenario format and CanMigrate (the cache-aware
+    /// ones are set only inside balance passes).
+    pub const NAMES: [(u32, &str); 5] = [
         (ALL_PINNED, "ALL_PINNED"),
         (NEED_BREAK, "NEED_BREAK"),
         (DST_PINNED, "DST_PINNED"),
         (SOME_PINNED, "SOME_PINNED"),
         (ACTIVE_LB, "ACTIVE_LB"),
-        (LLC_PINNED, "LLC_PINNED"),
-        (ACTIVE_LB_LLC, "ACTIVE_LB_LLC"),
     ];
 }
 
@@ -66,7 +66,10 @@ impl MigrationType {
 pub struct MigrateEnv {
     pub src_cpu: usize,
     pub dst_cpu: usize,
-    /// Index of the balancing domain in `dst_cpu`'s chain.
+    /// The CPU whose domain chain `sd` indexes: the balancing CPU (it stays
+    /// when the destination is retargeted to `new_dst_cpu`).
+    pub sd_cpu: usize,
+    /// Index of the balancing domain in `sd_cpu`'s chain.
     pub sd: usize,
     /// `env->dst_grpmask`.
     pub dst_group: CpuMask,
@@ -169,7 +172,7 @@ pub fn can_migrate_task_llc(
     llc: Option<(&LlcView<'_>, u64)>,
 ) -> MigrateDecision {
     let ctx = Ctx::new(view, p, env.src_cpu);
-    let d = &view.topo.domains(env.dst_cpu)[env.sd];
+    let d = &view.topo.domains(env.sd_cpu)[env.sd];
     let cnt = env.cache_nice_tries.unwrap_or(d.cache_nice_tries);
     let mut flags = env.flags;
     let done = |allowed, flags, reason, new_dst_cpu, task_hot| MigrateDecision {
@@ -226,7 +229,7 @@ pub fn can_migrate_task_llc(
         // a task that prefers the destination's LLC.
         if let Some((l, group)) = llc
             && flags & lbf::ACTIVE_LB_LLC != 0
-            && l.pref_of(group) != Some(l.llc.llc(env.dst_cpu))
+            && l.task_pref(group) != Some(l.llc.llc(env.dst_cpu))
         {
             return done(false, flags, Reason::LlcPinned, None, None);
         }

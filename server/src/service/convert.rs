@@ -374,6 +374,7 @@ pub fn migrate_request(
     let env = MigrateEnv {
         src_cpu: src,
         dst_cpu: dst,
+        sd_cpu: dst,
         sd,
         dst_group: cpulist(&r.dst_group, topo, "dst_group")?.unwrap_or(*topo.span(dom.groups[0])),
         env_cpus: cpulist(&r.env_cpus, topo, "env_cpus")?.unwrap_or(*topo.span(dom.span)),

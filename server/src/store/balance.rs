@@ -150,6 +150,7 @@ impl Store {
             prefs,
             cleared: Default::default(),
             util_est: snap.features.util_est,
+            recorded: Default::default(),
         });
         let opts = BalanceOpts {
             dst_cpus: req.dst_cpus.unwrap_or(topo.online),

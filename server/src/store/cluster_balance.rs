@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cluster::NodeAgg;
-use crate::engine::balance::{PassStats, RqTask, SCHED_NR_MIGRATE, h_nr_runnable};
+use crate::engine::balance::{
+    PassStats, RqTask, SCHED_NR_MIGRATE, cpu_util_cfs_boost, h_nr_runnable,
+};
 use crate::engine::lb::{self, DomainParams, GroupType, SdTotals, SgLbStats};
 use crate::engine::migrate::{MigrationType, Reason};
 use crate::engine::state::CpuState;
@@ -270,13 +272,15 @@ impl Store {
         // should_we_balance(): the local group's first node with an idle
         // CPU balances for it, else its first node.
         let local_nodes = &children[lc];
+        let key = (work[dst].id.clone(), level.to_string());
         let first_idle = local_nodes.iter().find(|&&i| work[i].agg.idle_cpus > 0);
         if first_idle.or(local_nodes.first()) != Some(&dst) {
+            // out_balanced: a declined pass resets the failure count too.
             out.stats.domains_declined += 1;
+            failed.insert(key, 0);
             return;
         }
         out.stats.domains_balanced += 1;
-        let key = (work[dst].id.clone(), level.to_string());
         let nr_failed = failed.get(&key).copied().unwrap_or(0);
         let dst_idle = work[dst].agg.idle_cpus > 0;
         let local_cpus: i64 = local_nodes.iter().map(|&i| work[i].agg.cpus).sum();
@@ -326,6 +330,11 @@ impl Store {
             return;
         };
         let dst_cpu = idlest_cpu(&work[dst]);
+        // Only a runqueue with more than one task gives one away.
+        if work[src].cpus[src_cpu].nr_running <= 1 {
+            failed.insert(key, nr_failed + 1);
+            return;
+        }
         let mut imbalance = imb.imbalance;
         let shift = nr_failed.min(63);
         let cost = self.config.system.migration_cost_ns;
@@ -485,7 +494,7 @@ fn find_src_cpu(w: &WorkNode, ty: MigrationType, imbalance: i64, pct: u32) -> Op
                 if nr <= 1 {
                     continue;
                 }
-                let u = rq.util_avg.max(rq.runnable_avg).max(0) as u64;
+                let u = cpu_util_cfs_boost(topo, rq, i, w.snap.features.util_est);
                 if u > b_val {
                     (b_val, best) = (u, Some(i));
                 }
