@@ -369,3 +369,99 @@ fn metrics_show_every_documented_series_after_some_traffic() {
     assert!(text.contains("method=\"PlacementService/PickCpu\",code=\"OK\""));
     assert!(text.contains("method=\"PlacementService/PickCpu\",code=\"InvalidArgument\""));
 }
+
+#[test]
+fn the_agent_reports_this_machines_runnable_tasks() {
+    // A busy child process is runnable somewhere: the agent's task list
+    // (--task-cap) carries it with its process id, and its own threads are
+    // left out.
+    let server = Server::start(&[]);
+    let mut spin = Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .unwrap();
+    let agent = Agent::start(
+        &server.grpc,
+        &[
+            "--node-id",
+            "tasks",
+            "--interval-ms",
+            "100",
+            "--task-cap",
+            "8",
+        ],
+    );
+    let pid = spin.id() as u64;
+    let found = rt().block_on(async {
+        let c = Client::connect(&server.grpc).await.unwrap();
+        for _ in 0..100 {
+            if let Ok(n) = c.get_node("tasks").await {
+                let all: Vec<&pb::RunnableTask> =
+                    n.tasks.iter().flat_map(|l| l.tasks.iter()).collect();
+                assert!(all.iter().all(|t| t.group != agent.child.id() as u64));
+                assert!(n.tasks.iter().all(|l| l.tasks.len() <= 8));
+                if let Some(t) = all.iter().find(|t| t.group == pid) {
+                    // sh is single-threaded; it ran within this sample.
+                    assert_eq!(t.id, pid);
+                    assert!(t.nr_threads <= 1, "{t:?}");
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    });
+    let _ = spin.kill();
+    let _ = spin.wait();
+    assert!(found, "the busy child never appeared in a task list");
+}
+
+#[test]
+fn the_cli_shows_balance_proposals_and_cache_state() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let mut r = fairplace_e2e::Reporter::register_labelled(
+            &server.grpc,
+            "bal",
+            fairplace_e2e::topology(1, 1, 4, 1),
+            &[("zone", "z1"), ("rack", "r1")],
+        )
+        .await
+        .unwrap();
+        let a = r
+            .send(fairplace_e2e::tasks_update(1, 4, &[(0, 3)]))
+            .await
+            .unwrap();
+        assert!(a.rejection.is_none(), "{a:?}");
+    });
+    // From CPU 1 (the first idle CPU): the tail task of CPU 0 (id 3).
+    let (code, out, err) = cli(&server.grpc, &["balance", "bal", "--cpus", "1"]);
+    assert_eq!(code, 0, "{err}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("3 "))
+        .unwrap_or_else(|| panic!("no row for task 3:\n{out}"));
+    assert!(
+        row.contains("bal/0") && row.contains("bal/1") && row.contains("task"),
+        "{row}"
+    );
+    assert!(out.contains("1 proposals"), "{out}");
+    // JSON, and the cluster form (one node in the rack: nothing to move).
+    let (code, out, _) = cli(&server.grpc, &["--json", "balance", "bal", "--cpus", "1"]);
+    assert_eq!(code, 0);
+    let v: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (v["task"].as_u64(), v["dst_cpu"].as_u64()),
+        (Some(3), Some(1))
+    );
+    let (code, out, err) = cli(&server.grpc, &["balance", "--cluster", "rack=z1/r1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("0 proposals"), "{out}");
+    let (code, _, err) = cli(&server.grpc, &["balance", "--cluster", "rack=r1"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("cluster_group"), "{err}");
+    // One LLC: cache-aware scheduling is off for this node.
+    let (code, out, err) = cli(&server.grpc, &["cache", "bal"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("cache-aware: off"), "{out}");
+}

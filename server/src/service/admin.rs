@@ -132,6 +132,7 @@ impl AdminService for Admin {
             claims: s.claims.iter().copied().collect(),
             agent_version: n.agent_version.clone(),
             last_seq: n.last_seq(),
+            tasks: convert::task_lists_to_pb(&s.tasks),
         }))
     }
 

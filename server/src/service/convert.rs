@@ -4,7 +4,7 @@
 use fairplace_proto::v1 as pb;
 use tonic::Status;
 
-use crate::engine::balance::{PassStats, Proposal, RqTask};
+use crate::engine::balance::{PassStats, Proposal, RqTask, TaskTable};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
 use crate::engine::lb::GroupType;
@@ -686,4 +686,45 @@ fn proposal_reason(
         r.push_str("; toward the process's preferred LLC");
     }
     r
+}
+
+/// The stored task lists as the protocol carries them.
+pub fn task_lists_to_pb(t: &TaskTable) -> Vec<pb::CpuTasks> {
+    t.cpus
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(cpu, l)| pb::CpuTasks {
+            cpu: cpu as u32,
+            clock_task: t.clock[cpu],
+            tasks: l
+                .iter()
+                .map(|x| pb::RunnableTask {
+                    id: x.id,
+                    group: x.group,
+                    policy: match x.policy {
+                        Policy::Normal => pb::Policy::Normal,
+                        Policy::Batch => pb::Policy::Batch,
+                        Policy::Idle => pb::Policy::Idle,
+                    } as i32,
+                    nice: x.nice as i32,
+                    cpus_allowed: if x.allowed == 0 {
+                        String::new()
+                    } else {
+                        t.masks[x.allowed as usize].to_string()
+                    },
+                    load_avg: x.load_avg,
+                    util_avg: x.util_avg,
+                    util_est: x.util_est,
+                    runnable_avg: x.runnable_avg,
+                    running: x.running,
+                    exec_start: x.exec_start,
+                    migration_disabled: x.migration_disabled,
+                    per_cpu_kthread: x.per_cpu_kthread,
+                    sched_delayed: x.sched_delayed,
+                    nr_threads: x.nr_threads,
+                })
+                .collect(),
+        })
+        .collect()
 }
