@@ -91,6 +91,7 @@ impl NodeAgg {
 
     /// Adds (`sign` 1) or removes (-1) one online CPU's share of the sums
     /// (not its count or the maximum capacity).
+    #[inline]
     pub fn add_cpu(&mut self, topo: &Topology, i: usize, c: &CpuState, util_est: bool, sign: i64) {
         self.nr_running += sign * c.nr_running as i64;
         if c.nr_running == 0 && c.curr_is_idle && !c.ttwu_pending {

@@ -279,7 +279,10 @@ struct Env {
 pub struct Balancer {
     pub lb: LbState,
     work: NodeState,
+    /// The pass's own copy of a CPU's list, made when the pass first changes
+    /// it; `copied[c]` false = the table's list still stands.
     tasks: Vec<VecDeque<RqTask>>,
+    copied: Vec<bool>,
     detached: Vec<RqTask>,
     /// Per-CPU cache-aware counts of the working copy.
     llc: cache::RqCounts,
@@ -306,6 +309,7 @@ impl Balancer {
                 shared: Vec::new(),
             },
             tasks: Vec::new(),
+            copied: Vec::new(),
             detached: Vec::new(),
             llc: cache::RqCounts::default(),
             llc_recorded: Vec::new(),
@@ -331,14 +335,10 @@ impl Balancer {
         self.work.cpus.clone_from(&view.state.cpus);
         self.work.shared.clone_from(&view.state.shared);
         self.tasks.resize_with(topo.nr_cpus, VecDeque::new);
-        for (c, q) in self.tasks.iter_mut().enumerate() {
-            q.clear();
-            if let Some(list) = table.cpus.get(c) {
-                q.extend(list.iter().cloned());
-            }
-        }
+        self.copied.clear();
+        self.copied.resize(topo.nr_cpus, false);
         if let Some(l) = llc {
-            l.counts(topo, &self.tasks, &mut self.llc);
+            l.counts(topo, &table.cpus, &mut self.llc);
             l.recorded.borrow_mut().clone_from(&self.llc_recorded);
         }
         let mut pass = Pass {
@@ -361,6 +361,28 @@ impl Balancer {
             self.llc_recorded.clone_from(&l.recorded.borrow());
         }
         pass.stats
+    }
+
+    /// The running task of a CPU's list, if reported.
+    fn curr<'t>(&'t self, table: &'t TaskTable, cpu: usize) -> Option<&'t RqTask> {
+        if self.copied[cpu] {
+            self.tasks[cpu].iter().find(|t| t.running)
+        } else {
+            table.cpus.get(cpu)?.iter().find(|t| t.running)
+        }
+    }
+
+    /// The pass's own copy of a CPU's list, made on first change.
+    fn list_mut(&mut self, table: &TaskTable, cpu: usize) -> &mut VecDeque<RqTask> {
+        if !self.copied[cpu] {
+            let q = &mut self.tasks[cpu];
+            q.clear();
+            if let Some(l) = table.cpus.get(cpu) {
+                q.extend(l.iter().cloned());
+            }
+            self.copied[cpu] = true;
+        }
+        &mut self.tasks[cpu]
     }
 
     fn full(&self, pass: &Pass<'_, '_>) -> bool {
@@ -758,7 +780,7 @@ impl Balancer {
         if !topo.asym_active {
             return 0;
         }
-        let Some(t) = self.tasks[cpu].iter().find(|t| t.running) else {
+        let Some(t) = self.curr(pass.table, cpu) else {
             return 0;
         };
         let p = pass.table.task(t, cpu);
@@ -913,7 +935,7 @@ impl Balancer {
         let failed = self.lb.dom[this_cpu][env.sd].nr_balance_failed;
         let shift = failed.min(63);
         let mut detached = 0;
-        while !self.tasks[src].is_empty() {
+        while !self.list_mut(pass.table, src).is_empty() {
             if env.idle != IdleType::NotIdle && self.work.cpus[src].nr_running <= 1 {
                 break;
             }
@@ -1010,7 +1032,7 @@ impl Balancer {
             self.llc
                 .enqueue(cpu, l.task_pref(t.group), !t.sched_delayed);
         }
-        self.tasks[cpu].push_front(t);
+        self.list_mut(pass.table, cpu).push_front(t);
     }
 
     /// `need_active_balance()`.
@@ -1018,23 +1040,21 @@ impl Balancer {
         let topo = pass.topo;
         let d = &topo.domains(env.sd_cpu)[env.sd];
         if let Some(l) = pass.llc {
-            let curr_misfits = d.has(sd::ASYM_CPUCAPACITY)
-                && self.tasks[env.src_cpu]
-                    .iter()
-                    .find(|t| t.running)
-                    .is_some_and(|t| {
-                        let p = pass.table.task(t, env.src_cpu);
-                        let ctx = Ctx::new(self.view(pass), &p, env.src_cpu);
-                        !ctx.task_fits_cpu(env.dst_cpu) && ctx.task_fits_cpu(env.src_cpu)
-                    });
+            let curr = self.curr(pass.table, env.src_cpu).map(|t| {
+                let p = pass.table.task(t, env.src_cpu);
+                let ctx = Ctx::new(self.view(pass), &p, env.src_cpu);
+                let misfits = d.has(sd::ASYM_CPUCAPACITY)
+                    && !ctx.task_fits_cpu(env.dst_cpu)
+                    && ctx.task_fits_cpu(env.src_cpu);
+                (t, misfits)
+            });
             if l.alb_break_llc(
                 topo,
                 &self.work,
-                &self.tasks,
                 &self.llc,
                 (env.src_cpu, env.dst_cpu),
                 env.migration_type == MigrationType::Misfit,
-                curr_misfits,
+                curr,
             ) {
                 return false;
             }
@@ -1061,7 +1081,7 @@ impl Balancer {
     /// Whether the source's current task may run on `cpu` (the stopper is
     /// not kicked otherwise). Unknown when no task is reported running.
     fn curr_allowed_on(&self, pass: &Pass<'_, '_>, src: usize, cpu: usize) -> bool {
-        match self.tasks[src].iter().find(|t| t.running) {
+        match self.curr(pass.table, src) {
             Some(t) => {
                 let p = pass.table.task(t, src);
                 Ctx::new(self.view(pass), &p, src).cpus_ptr.test(cpu)
@@ -1115,6 +1135,7 @@ impl Balancer {
         };
         // The stopper runs on the source, so its former current task is
         // queued like the others.
+        self.list_mut(pass.table, src);
         let pos = (0..self.tasks[src].len()).rev().find(|&j| {
             let t = self.tasks[src][j].clone();
             self.can_migrate(pass, &mut env, &t, true).is_some()

@@ -14,7 +14,8 @@
 //! `alb_break_llc`. Wakeup, fork and exec never read them, as in the kernel.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::balance::RqTask;
 use super::cpumask::CpuMask;
@@ -708,7 +709,7 @@ impl LlcView<'_> {
     }
 
     /// Fills the per-CPU counts from the task lists.
-    pub fn counts(&self, topo: &Topology, tasks: &[VecDeque<RqTask>], out: &mut RqCounts) {
+    pub fn counts(&self, topo: &Topology, tasks: &[Arc<[RqTask]>], out: &mut RqCounts) {
         let n = topo.nr_cpus;
         out.nr_llc = self.llc.nr_llc();
         out.of_cpu.clone_from(&self.llc.of_cpu);
@@ -719,7 +720,7 @@ impl LlcView<'_> {
         out.counts.clear();
         out.counts.resize(n * out.nr_llc, 0);
         for (cpu, list) in tasks.iter().enumerate().take(n) {
-            for t in list {
+            for t in list.iter() {
                 out.enqueue(cpu, self.task_pref(t.group), !t.sched_delayed);
             }
         }
@@ -895,11 +896,10 @@ impl LlcView<'_> {
         &self,
         topo: &Topology,
         st: &NodeState,
-        tasks: &[VecDeque<RqTask>],
         counts: &RqCounts,
         (src, dst): (usize, usize),
         misfit: bool,
-        curr_misfits: bool,
+        curr: Option<(&RqTask, bool)>,
     ) -> bool {
         if self.llc.llc(src) == self.llc.llc(dst) {
             return false;
@@ -915,10 +915,10 @@ impl LlcView<'_> {
         if rq.nr_running <= 1 {
             return true;
         }
-        let util = tasks[src]
-            .iter()
-            .find(|t| t.running)
-            .map_or(0, |t| t.util_avg.max(0) as u64);
-        curr_misfits || self.can_migrate_llc(topo, st, src, dst, util, false) == LlcMig::Forbid
+        // The running task's utilisation would leave; `curr.1` is
+        // task_misfits_asym_cpu() for it.
+        let util = curr.map_or(0, |(t, _)| t.util_avg.max(0) as u64);
+        curr.is_some_and(|(_, m)| m)
+            || self.can_migrate_llc(topo, st, src, dst, util, false) == LlcMig::Forbid
     }
 }

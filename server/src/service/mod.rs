@@ -165,11 +165,15 @@ async fn housekeeping(store: Arc<Store>) {
                     stale += 1;
                 }
                 node_gauges(&n.id, &snap, now);
-                let (procs, with, on) = store.cache_gauges(&n);
-                let id = n.id.clone();
-                metrics::gauge!(m::NODE_CACHE_PROCESSES, "node" => id.clone()).set(procs as f64);
-                metrics::gauge!(m::NODE_CACHE_TASKS_PREF, "node" => id.clone()).set(with as f64);
-                metrics::gauge!(m::NODE_CACHE_TASKS_ON_PREF, "node" => id).set(on as f64);
+                // Only nodes that report runtime have cache-aware series.
+                if let Some((procs, with, on)) = store.cache_gauges(&n) {
+                    let id = n.id.clone();
+                    metrics::gauge!(m::NODE_CACHE_PROCESSES, "node" => id.clone())
+                        .set(procs as f64);
+                    metrics::gauge!(m::NODE_CACHE_TASKS_PREF, "node" => id.clone())
+                        .set(with as f64);
+                    metrics::gauge!(m::NODE_CACHE_TASKS_ON_PREF, "node" => id).set(on as f64);
+                }
             }
             metrics::gauge!(m::NODES, "freshness" => "fresh").set(fresh as f64);
             metrics::gauge!(m::NODES, "freshness" => "stale").set(stale as f64);

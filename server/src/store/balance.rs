@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::engine::View;
 use crate::engine::balance::{BalanceOpts, Balancer, PassStats, Proposal};
-use crate::engine::cache::{CacheParams, LlcMap, ScanReport, ScanStrategy};
+use crate::engine::cache::{CacheParams, CacheState, LlcMap, ScanReport, ScanStrategy};
 use crate::engine::cpumask::CpuMask;
 
 use super::{Node, RuntimeEntry, Store};
@@ -68,12 +68,32 @@ pub struct CacheSummary {
 }
 
 impl Store {
-    fn llc_map<'a>(&self, node: &'a Node, cache: &'a mut super::NodeCache) -> &'a LlcMap {
+    /// Runs `f` on the node's cache-aware state, kept in step with its
+    /// online CPUs; with `create`, made if the node has none yet.
+    fn with_cache<T>(
+        &self,
+        node: &Node,
+        create: bool,
+        f: impl FnOnce(&mut super::NodeCache) -> T,
+    ) -> Option<T> {
         let snap = node.snapshot();
-        if cache.llc.spans.iter().fold(CpuMask::new(), |a, s| a.or(s)) != snap.topo.online {
-            cache.llc = LlcMap::new(&snap.topo);
+        let mut guard = node.cache.lock().expect("cache lock");
+        if guard.is_none() {
+            if !create {
+                return None;
+            }
+            *guard = Some(Box::new(super::NodeCache {
+                // The epoch clocks count from the store's start, as the
+                // kernel's from boot.
+                state: CacheState::new(node.spec.cpus.len(), self.config.cache, 0),
+                llc: LlcMap::new(&snap.topo),
+            }));
         }
-        &cache.llc
+        let c = guard.as_mut().expect("made above");
+        if c.llc.spans.iter().fold(CpuMask::new(), |a, s| a.or(s)) != snap.topo.online {
+            c.llc = LlcMap::new(&snap.topo);
+        }
+        Some(f(c))
     }
 
     /// Cache-aware accounting of a published report's runtime entries:
@@ -90,42 +110,47 @@ impl Store {
             ScanStrategy::Full
         };
         let now_ms = self.now_ms(now);
-        let mut guard = node.cache.lock().expect("cache lock");
-        let c = &mut *guard;
-        self.llc_map(node, c);
-        let mut scans = Vec::new();
-        for e in runtime {
-            let cpu = e.cpu as usize;
-            if !snap.topo.online.test(cpu) {
-                continue;
+        self.with_cache(node, true, |c| {
+            let mut scans = Vec::new();
+            for e in runtime {
+                let cpu = e.cpu as usize;
+                if !snap.topo.online.test(cpu) {
+                    continue;
+                }
+                let due = c.state.account_mm_sched(
+                    &c.llc,
+                    cpu,
+                    e.group,
+                    e.nr_threads,
+                    e.runtime_ns,
+                    now_ms,
+                );
+                if !due {
+                    continue;
+                }
+                let tasks = &snap.tasks;
+                let running_here = |i: usize| {
+                    tasks
+                        .cpus
+                        .get(i)
+                        .is_some_and(|l| l.iter().any(|t| t.running && t.group == e.group))
+                };
+                if let Some(r) = c.state.task_cache_work(
+                    &snap.topo,
+                    &c.llc,
+                    e.group,
+                    cpu,
+                    strategy,
+                    snap.features.sc_node,
+                    now_ms,
+                    running_here,
+                ) {
+                    scans.push(r);
+                }
             }
-            let due =
-                c.state
-                    .account_mm_sched(&c.llc, cpu, e.group, e.nr_threads, e.runtime_ns, now_ms);
-            if !due {
-                continue;
-            }
-            let tasks = &snap.tasks;
-            let running_here = |i: usize| {
-                tasks
-                    .cpus
-                    .get(i)
-                    .is_some_and(|l| l.iter().any(|t| t.running && t.group == e.group))
-            };
-            if let Some(r) = c.state.task_cache_work(
-                &snap.topo,
-                &c.llc,
-                e.group,
-                cpu,
-                strategy,
-                snap.features.sc_node,
-                now_ms,
-                running_here,
-            ) {
-                scans.push(r);
-            }
-        }
-        scans
+            scans
+        })
+        .unwrap_or_default()
     }
 
     /// One periodic balance of `node` (see [`Balancer::run`]).
@@ -134,24 +159,25 @@ impl Store {
         let topo = &snap.topo;
         let now_ms = self.now_ms(now);
         // Freeze the preferences for the pass; the cache lock is not held.
-        let (llc, params, prefs) = {
-            let mut guard = node.cache.lock().expect("cache lock");
-            let c = &mut *guard;
-            self.llc_map(node, c);
-            let llc = c.llc.clone();
-            let params: CacheParams = c.state.params;
-            let on = snap.features.sched_cache && llc.present();
-            let prefs = on.then(|| c.state.view(&llc, &params).prefs);
-            (llc, params, prefs)
-        };
-        let view_llc = prefs.map(|prefs| crate::engine::cache::LlcView {
-            llc: &llc,
-            params: &params,
-            prefs,
-            cleared: Default::default(),
-            util_est: snap.features.util_est,
-            recorded: Default::default(),
-        });
+        let frozen = self
+            .with_cache(node, false, |c| {
+                let llc = c.llc.clone();
+                let params: CacheParams = c.state.params;
+                let on = snap.features.sched_cache && llc.present();
+                let prefs = on.then(|| c.state.view(&llc, &params).prefs);
+                prefs.map(|p| (llc, params, p))
+            })
+            .flatten();
+        let view_llc = frozen
+            .as_ref()
+            .map(|(llc, params, prefs)| crate::engine::cache::LlcView {
+                llc,
+                params,
+                prefs: prefs.clone(),
+                cleared: Default::default(),
+                util_est: snap.features.util_est,
+                recorded: Default::default(),
+            });
         let opts = BalanceOpts {
             dst_cpus: req.dst_cpus.unwrap_or(topo.online),
             now_ms,
@@ -167,14 +193,14 @@ impl Store {
         let mut proposals = Vec::new();
         let stats = {
             let mut b = node.balancer.lock().expect("balancer lock");
-            let bal = b.get_or_insert_with(|| Balancer::new(topo));
+            let bal = b.get_or_insert_with(|| Box::new(Balancer::new(topo)));
             bal.run(view, &snap.tasks, view_llc.as_ref(), &opts, &mut proposals)
         };
         let cache_aware = view_llc.is_some();
         if let Some(v) = view_llc {
             let cleared = v.cleared.into_inner();
             if !cleared.is_empty() {
-                node.cache.lock().expect("cache lock").state.clear(&cleared);
+                self.with_cache(node, false, |c| c.state.clear(&cleared));
             }
         }
         let claimed = if req.apply {
@@ -226,72 +252,77 @@ impl Store {
 
     /// Processes with a preference, reported tasks with one, and those of
     /// them queued on their preferred LLC: the node's cache-aware gauges.
-    pub fn cache_gauges(&self, node: &Node) -> (u32, u32, u32) {
+    /// `None` for a node that never reported runtime (no series for it).
+    pub fn cache_gauges(&self, node: &Node) -> Option<(u32, u32, u32)> {
         let snap = node.snapshot();
-        let mut guard = node.cache.lock().expect("cache lock");
-        let c = &mut *guard;
-        self.llc_map(node, c);
-        let (mut with, mut on) = (0, 0);
-        for (cpu, list) in snap.tasks.cpus.iter().enumerate() {
-            for t in list.iter() {
-                if let Some(l) = c.state.pref_llc(&c.llc, t.group) {
-                    with += 1;
-                    on += (l == c.llc.llc(cpu)) as u32;
-                }
-            }
-        }
-        (c.state.nr_preferring() as u32, with, on)
+        self.with_cache(node, false, |c| {
+            let (with, on) = pref_counts(&snap, c);
+            (c.state.nr_preferring() as u32, with, on)
+        })
     }
 
     /// The node's cache-aware state, for the admin view.
     pub fn cache_summary(&self, node: &Node, now: Instant) -> CacheSummary {
         let snap = node.snapshot();
         let now_ms = self.now_ms(now);
-        let mut guard = node.cache.lock().expect("cache lock");
-        let c = &mut *guard;
-        self.llc_map(node, c);
-        let llc = &c.llc;
-        let mut ids = vec![0u32; llc.nr_llc()];
-        for (cpu, l) in llc.of_cpu.iter().enumerate() {
-            ids[*l as usize] = snap.topo.spec.cpus[cpu].llc;
-        }
-        let mut procs: Vec<ProcSummary> = c
-            .state
-            .procs()
-            .map(|(g, p)| ProcSummary {
-                group: g,
-                preferred_cpu: p.cpu,
-                preferred_llc: p.cpu.map(|x| llc.llc(x)),
-                nr_threads: p.nr_threads,
-                nr_running_avg: p.nr_running_avg,
-                occupancy: c.state.occupancy(llc, g, now_ms),
-            })
-            .collect();
-        procs.sort_by_key(|p| p.group);
-        let (mut with, mut on) = (0, 0);
-        for (cpu, list) in snap.tasks.cpus.iter().enumerate() {
-            for t in list.iter() {
-                if let Some(l) = c.state.pref_llc(llc, t.group) {
-                    with += 1;
-                    on += (l == llc.llc(cpu)) as u32;
-                }
+        let f = &snap.features;
+        let summary = |llc: &LlcMap| {
+            let mut ids = vec![0u32; llc.nr_llc()];
+            for (cpu, l) in llc.of_cpu.iter().enumerate() {
+                ids[*l as usize] = snap.topo.spec.cpus[cpu].llc;
+            }
+            CacheSummary {
+                enabled: f.sched_cache && llc.present(),
+                strategy: if f.sc_visit {
+                    ScanStrategy::Visit
+                } else {
+                    ScanStrategy::Full
+                },
+                node_limited: f.sc_node,
+                llcs: ids.into_iter().zip(llc.spans.iter().copied()).collect(),
+                procs: Vec::new(),
+                tasks_with_preference: 0,
+                tasks_on_preferred_llc: 0,
+                passes: 0,
+                scanned: 0,
+                changes: 0,
+            }
+        };
+        self.with_cache(node, false, |c| {
+            let mut out = summary(&c.llc);
+            out.procs = c
+                .state
+                .procs()
+                .map(|(g, p)| ProcSummary {
+                    group: g,
+                    preferred_cpu: p.cpu,
+                    preferred_llc: p.cpu.map(|x| c.llc.llc(x)),
+                    nr_threads: p.nr_threads,
+                    nr_running_avg: p.nr_running_avg,
+                    occupancy: c.state.occupancy(&c.llc, g, now_ms),
+                })
+                .collect();
+            out.procs.sort_by_key(|p| p.group);
+            (out.tasks_with_preference, out.tasks_on_preferred_llc) = pref_counts(&snap, c);
+            out.passes = c.state.stats.passes;
+            out.scanned = c.state.stats.scanned;
+            out.changes = c.state.stats.changes;
+            out
+        })
+        .unwrap_or_else(|| summary(&LlcMap::new(&snap.topo)))
+    }
+}
+
+/// Reported tasks whose process has a preferred LLC, and those on it.
+fn pref_counts(snap: &super::Snapshot, c: &super::NodeCache) -> (u32, u32) {
+    let (mut with, mut on) = (0, 0);
+    for (cpu, list) in snap.tasks.cpus.iter().enumerate() {
+        for t in list.iter() {
+            if let Some(l) = c.state.pref_llc(&c.llc, t.group) {
+                with += 1;
+                on += (l == c.llc.llc(cpu)) as u32;
             }
         }
-        CacheSummary {
-            enabled: snap.features.sched_cache && llc.present(),
-            strategy: if snap.features.sc_visit {
-                ScanStrategy::Visit
-            } else {
-                ScanStrategy::Full
-            },
-            node_limited: snap.features.sc_node,
-            llcs: ids.into_iter().zip(llc.spans.iter().copied()).collect(),
-            procs,
-            tasks_with_preference: with,
-            tasks_on_preferred_llc: on,
-            passes: c.state.stats.passes,
-            scanned: c.state.stats.scanned,
-            changes: c.state.stats.changes,
-        }
     }
+    (with, on)
 }

@@ -121,10 +121,11 @@ pub struct Node {
     pub generation: AtomicU64,
     pub connected: AtomicBool,
     pub registered_at: Instant,
-    /// Cache-aware accounting; only agent reports and balance passes touch it.
-    cache: Mutex<NodeCache>,
+    /// Cache-aware accounting, made at the first runtime report; only agent
+    /// reports and balance passes touch it.
+    cache: Mutex<Option<Box<NodeCache>>>,
     /// The balancer's per-domain state and scratch; one pass at a time.
-    balancer: Mutex<Option<Balancer>>,
+    balancer: Mutex<Option<Box<Balancer>>>,
 }
 
 /// A node's cache-aware state and the LLC map it was built for.
@@ -214,6 +215,8 @@ pub struct Store {
     epoch: Instant,
     /// `nr_balance_failed` of the cluster levels, by (destination node, level).
     cluster_lb: Mutex<HashMap<(String, String), u32>>,
+    /// One empty task table per CPU count, shared by every node without tasks.
+    empty_tasks: Mutex<HashMap<usize, Arc<TaskTable>>>,
 }
 
 impl Store {
@@ -229,6 +232,7 @@ impl Store {
             config,
             epoch: Instant::now(),
             cluster_lb: Mutex::new(HashMap::new()),
+            empty_tasks: Mutex::new(HashMap::new()),
         }
     }
 
@@ -394,11 +398,6 @@ impl Store {
             features.set(k, *v);
         }
         let state = NodeState::new(&topo, reported, &[], &features);
-        let now_ms = self.now_ms(Instant::now());
-        let cache = NodeCache {
-            state: CacheState::new(n, self.config.cache, now_ms),
-            llc: LlcMap::new(&topo),
-        };
         let node = Arc::new(Node {
             id: id.to_string(),
             labels,
@@ -412,7 +411,7 @@ impl Store {
                 features,
                 reported_at: None,
                 claims: Vec::new(),
-                tasks: Arc::new(TaskTable::empty(n)),
+                tasks: self.empty_tasks(n),
             }),
             writer: Mutex::new(Writer {
                 claims: HashMap::new(),
@@ -424,7 +423,7 @@ impl Store {
             generation: AtomicU64::new(generation),
             connected: AtomicBool::new(true),
             registered_at: Instant::now(),
-            cache: Mutex::new(cache),
+            cache: Mutex::new(None),
             balancer: Mutex::new(None),
         });
         self.nodes.insert(id.to_string(), Arc::clone(&node));
@@ -494,7 +493,8 @@ impl Store {
             )));
         }
         tasks::check_runtime(&u.runtime, n).map_err(Reject::Invalid)?;
-        let table = tasks::merge(&cur.tasks, u, n, &online).map_err(Reject::Invalid)?;
+        let empty = self.empty_tasks(n);
+        let table = tasks::merge(&cur.tasks, u, n, &online, &empty).map_err(Reject::Invalid)?;
         let topo = if cur.topo.online == online {
             Arc::clone(&cur.topo)
         } else {
@@ -663,6 +663,12 @@ impl Store {
                     .sum::<usize>()
             })
             .sum()
+    }
+
+    /// The shared empty task table of `n` CPUs.
+    fn empty_tasks(&self, n: usize) -> Arc<TaskTable> {
+        let mut m = self.empty_tasks.lock().expect("empty tasks");
+        Arc::clone(m.entry(n).or_insert_with(|| Arc::new(TaskTable::empty(n))))
     }
 
     /// The store's millisecond clock.

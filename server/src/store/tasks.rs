@@ -69,9 +69,11 @@ pub(super) fn merge(
     u: &Update,
     n: usize,
     online: &CpuMask,
+    empty: &Arc<TaskTable>,
 ) -> Result<Arc<TaskTable>, FieldError> {
-    if !u.full && u.tasks.is_empty() {
-        return Ok(Arc::clone(cur));
+    if u.tasks.is_empty() {
+        // Nothing listed: a delta keeps the lists, a full update empties them.
+        return Ok(Arc::clone(if u.full { empty } else { cur }));
     }
     let mut seen_cpu = CpuMask::new();
     let mut ids: HashSet<u64> = HashSet::new();
