@@ -465,3 +465,89 @@ fn the_cli_shows_balance_proposals_and_cache_state() {
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("cache-aware: off"), "{out}");
 }
+
+/// `fairplace_cache_scan_cpus{strategy}` sum and count from /metrics.
+fn scan_histogram(text: &str, strategy: &str) -> (f64, f64) {
+    let get = |suffix: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with(&format!("fairplace_cache_scan_cpus_{suffix}{{"))
+                    && l.contains(&format!("strategy=\"{strategy}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    (get("sum"), get("count"))
+}
+
+#[test]
+fn the_scan_metric_shows_sc_visit_reading_fewer_cpus_than_the_full_scan() {
+    // A 512-CPU node of 8 LLCs (2 NUMA nodes x 4 LLCs x 32 cores x SMT2);
+    // a 16-thread process reports runtime on CPUs 192-207 (LLC 3) every
+    // 12 ms, so each report starts a new epoch and one task_cache_work
+    // pass: the full scan reads all 512 CPUs' records, SC_VISIT only the 16
+    // the process visited.
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let mut r = fairplace_e2e::Reporter::register(
+            &server.grpc,
+            "big",
+            fairplace_e2e::topology(2, 4, 32, 2),
+        )
+        .await
+        .unwrap();
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let cpus: Vec<pb::CpuState> = (0..512)
+            .map(|i| pb::CpuState {
+                id: i,
+                online: true,
+                ..Default::default()
+            })
+            .collect();
+        let mut seq = 0;
+        for visit in [false, true] {
+            c.set_features(pb::SetFeaturesRequest {
+                node_id: "big".into(),
+                set: [("SC_VISIT".to_string(), visit)].into_iter().collect(),
+                clear_overrides: false,
+            })
+            .await
+            .unwrap();
+            for _ in 0..6 {
+                seq += 1;
+                let a = r
+                    .send(pb::Update {
+                        seq,
+                        full: true,
+                        cpus: cpus.clone(),
+                        runtime: (192..208)
+                            .map(|cpu| pb::ProcessRuntime {
+                                group: 7,
+                                cpu,
+                                runtime_ns: 8_000_000,
+                                nr_threads: 16,
+                            })
+                            .collect(),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                assert!(a.rejection.is_none(), "{a:?}");
+                tokio::time::sleep(Duration::from_millis(12)).await;
+            }
+        }
+        let cache = c.get_cache("big").await.unwrap();
+        assert!(cache.enabled);
+        assert_eq!(cache.strategy, "visit");
+        let p = cache.processes.iter().find(|p| p.group == 7).unwrap();
+        assert_eq!(p.preferred_llc, Some(3));
+    });
+    let text = http_get(&server.metrics);
+    let (full_sum, full_n) = scan_histogram(&text, "full");
+    let (visit_sum, visit_n) = scan_histogram(&text, "visit");
+    assert!(full_n >= 5.0 && visit_n >= 5.0, "{full_n} {visit_n}");
+    assert_eq!(full_sum / full_n, 512.0);
+    assert_eq!(visit_sum / visit_n, 16.0);
+    assert!(full_sum / full_n >= 8.0 * visit_sum / visit_n);
+}

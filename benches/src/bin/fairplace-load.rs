@@ -9,6 +9,10 @@
 //!   applied CPU updates per second.
 //! - `memory`: registers many nodes with a full snapshot each and reads the
 //!   server's resident memory.
+//! - `cache`: a 512-CPU node with 8 LLCs reports a 16-thread process's
+//!   runtime on one LLC; task_cache_work runs with the full scan, then with
+//!   SC_VISIT; the server's own `fairplace_cache_scan_cpus` histogram gives
+//!   the CPUs each pass read.
 //! - `cluster`: 10 zones x 20 racks x 50 nodes of 128 CPUs registered over
 //!   agent streams, then PickCpu with no node (cluster placement) and the
 //!   no-op Ping over gRPC, and in the same run the naive recomputation of
@@ -76,6 +80,13 @@ enum Cmd {
         #[arg(long, default_value_t = 2)]
         window: usize,
     },
+    /// task_cache_work's CPUs scanned per pass, full scan vs SC_VISIT, from
+    /// the server's metrics.
+    Cache {
+        /// Reports (10 ms apart) per strategy.
+        #[arg(long, default_value_t = 50)]
+        reports: u32,
+    },
     /// Cluster PickCpu (no node) over gRPC, Ping and the naive recomputation.
     Cluster {
         #[arg(long, default_value_t = 10)]
@@ -110,6 +121,7 @@ enum Cmd {
 struct Server {
     child: Child,
     grpc: String,
+    metrics: String,
 }
 
 impl Server {
@@ -156,7 +168,17 @@ impl Server {
             .find_map(|w| w.strip_prefix("grpc="))
             .expect("grpc address")
             .to_string();
-        Server { child, grpc }
+        let metrics = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("metrics=http://"))
+            .and_then(|w| w.split('/').next())
+            .expect("metrics address")
+            .to_string();
+        Server {
+            child,
+            grpc,
+            metrics,
+        }
     }
 
     fn rss_kib(&self) -> u64 {
@@ -341,6 +363,7 @@ async fn main() {
             connections,
             window,
         } => ingest(&server, nodes, cpus, seconds, connections, window).await,
+        Cmd::Cache { reports } => cache(&server, reports).await,
         Cmd::Cluster {
             zones,
             racks,
@@ -732,4 +755,135 @@ async fn cluster(
         pct(&h, 0.5) / results[1]
     );
     drop(streams);
+}
+
+/// 2 NUMA nodes x 4 LLCs x 32 cores x SMT2.
+fn topology_512() -> pb::Topology {
+    pb::Topology {
+        cpus: (0..512)
+            .map(|i| pb::CpuTopology {
+                id: i,
+                core: i / 2,
+                cluster: None,
+                llc: i / 64,
+                node: i / 256,
+                capacity: 1024,
+            })
+            .collect(),
+        numa_distance: vec![],
+    }
+}
+
+/// The server's `fairplace_cache_scan_cpus` sum and count for a strategy.
+fn scan_histogram(metrics: &str, strategy: &str) -> (f64, f64) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(metrics).expect("metrics");
+    write!(c, "GET /metrics HTTP/1.0\r\nHost: {metrics}\r\n\r\n").unwrap();
+    let mut body = String::new();
+    c.read_to_string(&mut body).unwrap();
+    let get = |suffix: &str| {
+        body.lines()
+            .find(|l| {
+                l.starts_with(&format!("fairplace_cache_scan_cpus_{suffix}{{"))
+                    && l.contains(&format!("strategy=\"{strategy}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    (get("sum"), get("count"))
+}
+
+async fn cache(server: &Server, reports: u32) {
+    let ch = channel(&server.grpc).await;
+    let mut client = pb::agent_service_client::AgentServiceClient::new(ch.clone())
+        .max_encoding_message_size(64 << 20)
+        .max_decoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(pb::AgentMessage {
+        body: Some(Body::Register(pb::Register {
+            node_id: "cache".into(),
+            labels: Default::default(),
+            topology: Some(topology_512()),
+            agent_version: "load".into(),
+        })),
+    })
+    .await
+    .unwrap();
+    let mut acks = client
+        .report(ReceiverStream::new(rx))
+        .await
+        .expect("report")
+        .into_inner();
+    acks.message().await.unwrap().unwrap();
+    let admin = Client::from_channel(ch);
+    let cpus: Vec<pb::CpuState> = (0..512)
+        .map(|i| pb::CpuState {
+            id: i,
+            online: true,
+            ..Default::default()
+        })
+        .collect();
+    println!(
+        "# fairplace-load cache: 512 CPUs, 8 LLCs of 64; process 7 (16 threads) runs on CPUs 192-207 (LLC 3); {reports} reports 10 ms apart per strategy"
+    );
+    let mut seq = 0;
+    for visit in [false, true] {
+        admin
+            .set_features(pb::SetFeaturesRequest {
+                node_id: "cache".into(),
+                set: [("SC_VISIT".to_string(), visit)].into_iter().collect(),
+                clear_overrides: false,
+            })
+            .await
+            .expect("set SC_VISIT");
+        for _ in 0..reports {
+            seq += 1;
+            let u = pb::Update {
+                seq,
+                full: true,
+                cpus: cpus.clone(),
+                runtime: (192..208)
+                    .map(|c| pb::ProcessRuntime {
+                        group: 7,
+                        cpu: c,
+                        runtime_ns: 8_000_000,
+                        nr_threads: 16,
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            tx.send(pb::AgentMessage {
+                body: Some(Body::Update(u)),
+            })
+            .await
+            .unwrap();
+            let a = acks.message().await.unwrap().unwrap();
+            assert!(a.rejection.is_none(), "{a:?}");
+            tokio::time::sleep(Duration::from_millis(11)).await;
+        }
+    }
+    let mut avg = Vec::new();
+    for strategy in ["full", "visit"] {
+        let (sum, count) = scan_histogram(&server.metrics, strategy);
+        println!(
+            "{strategy}: {count:.0} task_cache_work passes, {:.1} CPUs scanned per pass (fairplace_cache_scan_cpus sum {sum:.0})",
+            sum / count.max(1.0)
+        );
+        avg.push(sum / count.max(1.0));
+    }
+    println!(
+        "full / visit CPUs scanned per pass: {:.1}x",
+        avg[0] / avg[1].max(1e-9)
+    );
+    let c = admin.get_cache("cache").await.expect("GetCache");
+    let p = c
+        .processes
+        .iter()
+        .find(|p| p.group == 7)
+        .expect("process 7");
+    println!(
+        "process 7 prefers CPU {:?} (LLC {:?})",
+        p.preferred_cpu, p.preferred_llc
+    );
 }
