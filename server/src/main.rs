@@ -72,6 +72,23 @@ struct ServeArgs {
     /// Runtime worker threads (0: one per CPU).
     #[arg(long, default_value_t = 0)]
     worker_threads: usize,
+    /// Cache-aware epoch length (ms; the kernel's llc_epoch_period, HZ/100).
+    #[arg(long, default_value_t = 10)]
+    cache_epoch_ms: u64,
+    /// Epochs without a scan before a preference lapses
+    /// (llc_epoch_affinity_timeout).
+    #[arg(long, default_value_t = 5)]
+    cache_affinity_timeout: u64,
+    /// llc_aggr_tolerance: 0 disables aggregation, 100 or more always allows it.
+    #[arg(long, default_value_t = 1)]
+    cache_aggr_tolerance: u32,
+    /// llc_overaggr_pct: an LLC above this share of its capacity is busy
+    /// (x 3/2 without SMT).
+    #[arg(long, default_value_t = 50)]
+    cache_overaggr_pct: u32,
+    /// llc_imb_pct: utilisation hysteresis between two LLCs.
+    #[arg(long, default_value_t = 20)]
+    cache_imb_pct: u32,
 }
 
 fn main() -> ExitCode {
@@ -111,6 +128,17 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
     };
     store.system.migration_cost_ns = a.migration_cost_ns;
     store.system.node_reclaim_distance = a.node_reclaim_distance;
+    if a.cache_epoch_ms == 0 {
+        return Err("--cache-epoch-ms: must be at least 1".into());
+    }
+    if a.cache_overaggr_pct == 0 || a.cache_overaggr_pct > 100 {
+        return Err("--cache-overaggr-pct: must be in 1..100".into());
+    }
+    store.cache.epoch_period_ms = a.cache_epoch_ms;
+    store.cache.epoch_affinity_timeout = a.cache_affinity_timeout;
+    store.cache.aggr_tolerance = a.cache_aggr_tolerance;
+    store.cache.overaggr_pct = a.cache_overaggr_pct;
+    store.cache.imb_pct = a.cache_imb_pct;
     let cfg = ServeConfig {
         store,
         request_timeout: Duration::from_millis(a.request_timeout_ms),

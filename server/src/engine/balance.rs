@@ -307,6 +307,8 @@ impl Balancer {
             work: NodeState {
                 cpus: Vec::new(),
                 shared: Vec::new(),
+                groups: Vec::new(),
+                groups_util_est: false,
             },
             tasks: Vec::new(),
             copied: Vec::new(),
@@ -334,6 +336,8 @@ impl Balancer {
         }
         self.work.cpus.clone_from(&view.state.cpus);
         self.work.shared.clone_from(&view.state.shared);
+        // No group sums: the working copy changes as tasks move.
+        self.work.groups.clear();
         self.tasks.resize_with(topo.nr_cpus, VecDeque::new);
         self.copied.clear();
         self.copied.resize(topo.nr_cpus, false);

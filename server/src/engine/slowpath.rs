@@ -214,6 +214,27 @@ impl Ctx<'_> {
             group_weight: topo.span_weight[g as usize] as i64,
             misfit: asym,
         };
+        // The snapshot's sums stand for the CPU walk when the task is on
+        // none of the group's CPUs and may use all of them.
+        let k = topo.sum_index[g as usize];
+        if !asym
+            && k != u32::MAX
+            && self.st.groups.len() == topo.sum_groups.len()
+            && self.st.groups_util_est == self.f.util_est
+            && exec_cpu.is_none_or(|c| !span.test(c))
+            && span.is_subset(&self.cpus_ptr)
+        {
+            let sum = &self.st.groups[k as usize];
+            self.detail.slow_cpus_read += s.group_weight as u32;
+            s.group_capacity = sum.capacity;
+            s.group_max_capacity = sum.max_capacity;
+            s.group_load = sum.load;
+            s.group_runnable = sum.runnable;
+            s.group_util = sum.util;
+            s.sum_nr_running = sum.nr_running;
+            s.idle_cpus = sum.idle_cpus;
+            return self.finish_wakeup_stats(d, s);
+        }
         let n = topo.nr_cpus;
         let mut next = span.next_lt(0, n);
         while let Some(i) = next {
@@ -243,6 +264,12 @@ impl Ctx<'_> {
                 s.misfit = false;
             }
         }
+        self.finish_wakeup_stats(d, s)
+    }
+
+    /// The end of `update_sg_wakeup_stats()`: classify, then the average
+    /// load of a busy group.
+    fn finish_wakeup_stats(&self, d: &Domain, mut s: SgStats) -> SgStats {
         s.group_type = group_classify(d.imbalance_pct as i64, &s);
         if matches!(s.group_type, GroupType::FullyBusy | GroupType::Overloaded) {
             s.avg_load = (s.group_load.max(0) as u64) * 1024 / (s.group_capacity.max(1) as u64);

@@ -178,12 +178,52 @@ pub struct SharedState {
     pub has_idle_cores: bool,
 }
 
+/// What `update_sg_wakeup_stats()` sums over a group for a task that is on
+/// none of its CPUs and may use all of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupSum {
+    pub load: i64,
+    pub runnable: i64,
+    /// `cpu_util()` summed (util_est as the features say).
+    pub util: i64,
+    pub nr_running: i64,
+    pub idle_cpus: i64,
+    pub capacity: i64,
+    pub max_capacity: i64,
+}
+
+impl GroupSum {
+    /// Adds (`sign` 1) or removes (-1) one CPU's share (not the maximum).
+    #[inline]
+    fn add(&mut self, topo: &Topology, i: usize, c: &CpuState, util_est: bool, sign: i64) {
+        self.load += sign * c.load_avg;
+        self.runnable += sign * c.runnable_avg;
+        self.util += sign * cpu_util_plain(topo, i, c, util_est);
+        self.nr_running += sign * c.nr_running as i64;
+        self.idle_cpus += sign * (c.nr_running == 0 && c.curr_is_idle && !c.ttwu_pending) as i64;
+        self.capacity += sign * c.capacity as i64;
+    }
+}
+
+/// `cpu_util(cpu, NULL, -1, 0)`.
+#[inline]
+fn cpu_util_plain(topo: &Topology, i: usize, c: &CpuState, util_est: bool) -> i64 {
+    let e = if util_est { c.util_est } else { 0 };
+    c.util_avg.max(e).min(topo.capacity_orig(i) as i64)
+}
+
 /// One node's runqueues plus the hints of its shared objects: the read-only
 /// view every decision runs against.
 #[derive(Debug, Clone)]
 pub struct NodeState {
     pub cpus: Vec<CpuState>,
     pub shared: Vec<SharedState>,
+    /// Sums of the groups wider than a core (`Topology::sum_groups`), kept
+    /// per report in O(depth) per changed CPU; empty = not kept (the slow
+    /// path then reads every CPU).
+    pub groups: Vec<GroupSum>,
+    /// The UTIL_EST setting the sums were made with.
+    pub groups_util_est: bool,
 }
 
 impl NodeState {
@@ -191,6 +231,18 @@ impl NodeState {
     /// value not given as a hint is derived from the present state.
     /// `hints` is indexed like `topo.shared` (missing entries mean no hint).
     pub fn new(
+        topo: &Topology,
+        cpus: Vec<CpuState>,
+        hints: &[SharedHint],
+        features: &Features,
+    ) -> NodeState {
+        let mut st = NodeState::new_without_sums(topo, cpus, hints, features);
+        st.sum_groups(topo, features.util_est);
+        st
+    }
+
+    /// The state with its shared objects but without group sums.
+    fn new_without_sums(
         topo: &Topology,
         mut cpus: Vec<CpuState>,
         hints: &[SharedHint],
@@ -206,6 +258,8 @@ impl NodeState {
         let mut st = NodeState {
             cpus,
             shared: vec![SharedState::default(); topo.shared.len()],
+            groups: Vec::new(),
+            groups_util_est: features.util_est,
         };
         for k in 0..topo.shared.len() {
             let h = hints.get(k).copied().unwrap_or_default();
@@ -219,6 +273,68 @@ impl NodeState {
             };
         }
         st
+    }
+
+    /// The next state of a node after a report: `prev`'s group sums are
+    /// carried over and only the CPUs that changed are taken out and put
+    /// back in (`same_topology`: `prev` was made for this domain tree).
+    pub fn next(
+        topo: &Topology,
+        prev: &NodeState,
+        same_topology: bool,
+        cpus: Vec<CpuState>,
+        hints: &[SharedHint],
+        features: &Features,
+    ) -> NodeState {
+        let incremental = same_topology
+            && prev.groups.len() == topo.sum_groups.len()
+            && prev.groups_util_est == features.util_est
+            && prev.cpus.len() == cpus.len();
+        if !incremental {
+            return NodeState::new(topo, cpus, hints, features);
+        }
+        let mut st = NodeState::new_without_sums(topo, cpus, hints, features);
+        st.groups.clone_from(&prev.groups);
+        let ue = features.util_est;
+        for i in 0..st.cpus.len() {
+            let (old, new) = (&prev.cpus[i], &st.cpus[i]);
+            if old == new {
+                continue;
+            }
+            for &k in &topo.cpu_sum_groups[i] {
+                let g = &mut st.groups[k as usize];
+                g.add(topo, i, old, ue, -1);
+                g.add(topo, i, new, ue, 1);
+                let (oc, nc) = (old.capacity as i64, new.capacity as i64);
+                if nc > g.max_capacity {
+                    g.max_capacity = nc;
+                } else if oc == g.max_capacity && nc < oc {
+                    // The maximum may have left: find it again.
+                    let span = topo.span(topo.sum_groups[k as usize]);
+                    g.max_capacity = span
+                        .iter()
+                        .map(|c| st.cpus[c].capacity as i64)
+                        .max()
+                        .unwrap_or(0);
+                }
+            }
+        }
+        st
+    }
+
+    /// Every kept group's sums from scratch.
+    fn sum_groups(&mut self, topo: &Topology, util_est: bool) {
+        self.groups.clear();
+        self.groups_util_est = util_est;
+        for &g in &topo.sum_groups {
+            let mut s = GroupSum::default();
+            for i in topo.span(g).iter() {
+                let c = &self.cpus[i];
+                s.add(topo, i, c, util_est, 1);
+                s.max_capacity = s.max_capacity.max(c.capacity as i64);
+            }
+            self.groups.push(s);
+        }
     }
 
     /// `cpu_util_cfs()` as `update_idle_cpu_scan()` sums it.

@@ -364,6 +364,12 @@ pub struct Topology {
     /// Distinct distances among nodes with online CPUs, ascending.
     pub distances: Vec<u32>,
     pub levels: Vec<Level>,
+    /// Groups wider than a core, whose statistics each snapshot keeps.
+    pub sum_groups: Vec<SpanId>,
+    /// Position in `sum_groups` by span id; `u32::MAX` = not kept.
+    pub sum_index: Vec<u32>,
+    /// The kept groups each CPU belongs to.
+    pub cpu_sum_groups: Vec<Vec<u16>>,
 }
 
 /// A domain under construction, before degeneration.
@@ -767,7 +773,32 @@ impl Topology {
             }
         }
 
-        let span_weight = b.spans.iter().map(|s| s.weight() as u32).collect();
+        let span_weight: Vec<u32> = b.spans.iter().map(|s| s.weight() as u32).collect();
+        // The groups wider than a core (LLCs, clusters, NUMA nodes, ...):
+        // their sums are kept per snapshot for the slow path.
+        let mut sum_index = vec![u32::MAX; b.spans.len()];
+        let mut sum_groups: Vec<SpanId> = Vec::new();
+        for c in online.iter() {
+            for d in &cpu[c].chain {
+                for &g in &d.groups {
+                    let m = &b.spans[g as usize];
+                    let first = m.first().unwrap_or(0);
+                    if sum_index[g as usize] == u32::MAX
+                        && span_weight[g as usize] > 1
+                        && *m != b.spans[smt_span[first] as usize]
+                    {
+                        sum_index[g as usize] = sum_groups.len() as u32;
+                        sum_groups.push(g);
+                    }
+                }
+            }
+        }
+        let mut cpu_sum_groups: Vec<Vec<u16>> = vec![Vec::new(); n];
+        for (k, &g) in sum_groups.iter().enumerate() {
+            for c in b.spans[g as usize].iter() {
+                cpu_sum_groups[c].push(k as u16);
+            }
+        }
         Ok(Topology {
             spec: spec.clone(),
             nr_cpus: n,
@@ -787,6 +818,9 @@ impl Topology {
             cluster_active,
             distances,
             levels,
+            sum_groups,
+            sum_index,
+            cpu_sum_groups,
         })
     }
 

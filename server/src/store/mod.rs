@@ -561,7 +561,8 @@ impl Store {
             claims.push((cpu, k));
         }
         claims.sort_unstable();
-        let state = NodeState::new(&topo, cpus, &[], &features);
+        let same = Arc::ptr_eq(&topo, &cur.topo);
+        let state = NodeState::next(&topo, &cur.state, same, cpus, &[], &features);
         let version = cur.version + 1;
         let agg = NodeAgg::of(&topo, &state, features.util_est);
         let snap = Snapshot {
