@@ -248,10 +248,12 @@ impl Source for Machine {
             .into_iter()
             .filter(|t| t.pid != me)
             .collect();
+        // A CPU id beyond the topology would have the whole update refused.
         let runtime = self
             .tracker
             .update(&threads)
             .into_iter()
+            .filter(|d| (d.cpu as usize) < n)
             .map(|d| pb::ProcessRuntime {
                 group: d.pid as u64,
                 cpu: d.cpu,
