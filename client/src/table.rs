@@ -34,8 +34,14 @@ pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
             .map(|s| s.as_str())
             .collect(),
     ));
+    // Every row as wide as the header: extra cells are dropped, missing
+    // ones left blank.
     for r in rows {
-        out.push_str(&line(r.iter().map(|s| s.as_str()).collect()));
+        out.push_str(&line(
+            (0..header.len())
+                .map(|i| r.get(i).map_or("", |s| s.as_str()))
+                .collect(),
+        ));
     }
     out
 }

@@ -227,6 +227,19 @@ fn every_bad_task_list_is_refused_with_its_field_and_changes_nothing() {
             }),
         ),
         (
+            "update.runtime",
+            bad(&|u| {
+                u.runtime = (0..17)
+                    .map(|i| RuntimeEntry {
+                        group: 5 + i,
+                        cpu: 0,
+                        runtime_ns: 1,
+                        nr_threads: 2,
+                    })
+                    .collect()
+            }),
+        ),
+        (
             "update.runtime[0].runtime_ns",
             bad(&|u| {
                 u.runtime.push(RuntimeEntry {
@@ -679,4 +692,58 @@ fn a_thread_is_not_pulled_off_its_preferred_llc_and_the_pass_is_not_a_failure() 
         let out = s.balance(&n, &req, Instant::now());
         assert!(out.proposals.is_empty());
     }
+}
+
+#[test]
+fn a_cpu_going_offline_drops_its_task_list() {
+    // A delta that only marks CPU 1 offline: the tasks it listed are gone
+    // (an offline CPU runs nothing), the other CPUs' lists stay.
+    let s = store();
+    let (n, g) = node(&s, "a", &[], 4);
+    let u = full(
+        4,
+        1,
+        vec![(0, vec![task(1, 0, true)]), (1, vec![task(2, 0, true)])],
+    );
+    s.apply(&n, g, &u, Instant::now()).unwrap();
+    let mut off = CpuState::idle(1024);
+    off.online = false;
+    let d = Update {
+        seq: 2,
+        full: false,
+        cpus: vec![(1, off)],
+        ..Update::default()
+    };
+    s.apply(&n, g, &d, Instant::now()).unwrap();
+    assert_eq!(ids(&n, 0), vec![1]);
+    assert!(ids(&n, 1).is_empty());
+}
+
+#[test]
+fn a_second_balance_of_the_same_node_does_not_wait() {
+    // While a pass holds the node's balancer, try_balance answers None at
+    // once (the service's ABORTED) and balance waits its turn.
+    let s = Arc::new(store());
+    let (n, g) = node(&s, "a", &[], 4);
+    s.apply(
+        &n,
+        g,
+        &full(4, 1, vec![(0, vec![task(1, 0, true)])]),
+        Instant::now(),
+    )
+    .unwrap();
+    assert!(
+        s.try_balance(&n, &BalanceRequest::default(), Instant::now())
+            .is_some()
+    );
+    let held = n.hold_balancer_for_test();
+    assert!(
+        s.try_balance(&n, &BalanceRequest::default(), Instant::now())
+            .is_none()
+    );
+    drop(held);
+    assert!(
+        s.try_balance(&n, &BalanceRequest::default(), Instant::now())
+            .is_some()
+    );
 }

@@ -59,6 +59,21 @@ fn monotonic_ns() -> i64 {
 
 const MAX_SIGNAL: i64 = (1 << 31) - 1;
 
+/// A thread's affinity as the server takes it: only CPUs of the topology
+/// (procfs lists possible CPUs, which may be more), empty for all of them.
+fn allowed_in_topology(list: &str, nr_cpus: usize) -> String {
+    use fairplace::engine::cpumask::{CpuMask, MAX_CPUS};
+    let Ok(m) = CpuMask::parse_cpulist(list, MAX_CPUS) else {
+        return String::new();
+    };
+    let m = m.and(&CpuMask::first_n(nr_cpus));
+    if m.is_empty() || m.weight() == nr_cpus {
+        String::new()
+    } else {
+        m.to_string()
+    }
+}
+
 /// A sampled thread as the protocol carries it.
 fn task_to_pb(t: &tasks::TaskSample, nr_cpus: usize) -> pb::RunnableTask {
     let policy = match t.policy {
@@ -72,12 +87,7 @@ fn task_to_pb(t: &tasks::TaskSample, nr_cpus: usize) -> pb::RunnableTask {
         group: if t.kernel_thread { 0 } else { t.pid as u64 },
         policy: policy as i32,
         nice: t.nice.clamp(-20, 19),
-        // Every CPU is the default: leave it out.
-        cpus_allowed: if t.nr_cpus_allowed as usize >= nr_cpus {
-            String::new()
-        } else {
-            t.cpus_allowed.clone()
-        },
+        cpus_allowed: allowed_in_topology(&t.cpus_allowed, nr_cpus),
         load_avg: clamp(t.load_avg),
         util_avg: clamp(t.util_avg),
         util_est: clamp(t.util_est),
@@ -249,6 +259,8 @@ impl Source for Machine {
             .filter(|t| t.pid != me)
             .collect();
         // A CPU id beyond the topology would have the whole update refused.
+        // Over 1,000 s on one CPU since the last sample (a long gap) is
+        // more than the server takes: such a delta is capped.
         let runtime = self
             .tracker
             .update(&threads)
@@ -257,7 +269,7 @@ impl Source for Machine {
             .map(|d| pb::ProcessRuntime {
                 group: d.pid as u64,
                 cpu: d.cpu,
-                runtime_ns: d.runtime_ns,
+                runtime_ns: d.runtime_ns.min(1_000_000_000_000),
                 nr_threads: d.nr_threads,
             })
             .collect();
@@ -432,7 +444,8 @@ impl Source for Simulated {
                 runtime.push(pb::ProcessRuntime {
                     group,
                     cpu: c.id,
-                    runtime_ns: (elapsed as u64).saturating_mul(c.util_avg.max(0) as u64) / 1024,
+                    runtime_ns: ((elapsed as u64).saturating_mul(c.util_avg.max(0) as u64) / 1024)
+                        .min(1_000_000_000_000),
                     nr_threads: 8,
                 });
             }
@@ -455,6 +468,9 @@ pub struct StreamConfig {
     pub interval: Duration,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// The server's largest accepted message: an update that would be
+    /// bigger goes without its task lists.
+    pub max_message_bytes: usize,
 }
 
 /// What a stream reports about itself, for logs, metrics and tests.
@@ -640,6 +656,16 @@ async fn run_once<S: Source>(
                         runtime,
                     })),
                 };
+                let mut msg = msg;
+                if prost::Message::encoded_len(&msg) > cfg.max_message_bytes
+                    && let Some(Body::Update(u)) = msg.body.as_mut()
+                {
+                    tracing::warn!(node = %cfg.node_id, tasks = u.tasks.len(), "update too big for the server: sent without task lists");
+                    metrics::counter!("fairplace_agent_task_lists_dropped_total").increment(1);
+                    u.tasks.clear();
+                    // The server keeps its old lists; the next full update resends them.
+                    last_tasks = None;
+                }
                 let t1 = Instant::now();
                 tokio::select! {
                     r = tx.send(msg) => r.map_err(|_| "the stream closed".to_string())?,

@@ -203,9 +203,13 @@ fn is_fair(policy: u32) -> bool {
 /// cannot panic. Kernel threads are included: they compete for the CPU too.
 pub fn runnable_fair(threads: &[TaskSample], nr_cpus: usize) -> Vec<Vec<TaskSample>> {
     let mut per_cpu: Vec<Vec<TaskSample>> = vec![Vec::new(); nr_cpus];
+    // A directory listing racing with exits can show a thread twice: the
+    // server refuses a task id listed twice, so the first one stands.
+    let mut seen = std::collections::HashSet::new();
     for t in threads {
         if t.state == 'R'
             && is_fair(t.policy)
+            && seen.insert(t.tid)
             && let Some(queue) = per_cpu.get_mut(t.cpu as usize)
         {
             queue.push(t.clone());

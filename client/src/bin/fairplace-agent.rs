@@ -39,14 +39,17 @@ struct Args {
     /// Runnable tasks reported per CPU, biggest load first, for load
     /// balancing (0: report no tasks). Each report then reads every
     /// thread's /proc sched file.
-    #[arg(long, default_value_t = 32)]
-    task_cap: usize,
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    task_cap: u64,
     /// Simulated nodes report task lists matching their runqueues.
     #[arg(long)]
     simulate_tasks: bool,
     /// CPUs per LLC of a simulated node (default: one LLC per NUMA node).
     #[arg(long)]
     simulate_llc_cpus: Option<u32>,
+    /// The server's --max-message-bytes: bigger updates go without task lists.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_message_bytes: usize,
     /// Serve the agent's own Prometheus metrics here.
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
@@ -127,6 +130,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         interval: Duration::from_millis(a.interval_ms.max(1)),
         backoff_min: Duration::from_millis(100),
         backoff_max: Duration::from_secs(10),
+        max_message_bytes: a.max_message_bytes,
     };
     match a.simulate {
         Some(n) => {
@@ -147,7 +151,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => {
             let m = Machine::new(a.sys_root.clone().into(), a.proc_root.clone().into())?
-                .with_task_cap(a.task_cap);
+                .with_task_cap(a.task_cap as usize);
             tracing::info!(node = %base, cpus = m.nr_cpus(), "reading this machine");
             let (st, _) = watch::channel(StreamStats::default());
             tasks.push(tokio::spawn(stream(

@@ -14,7 +14,7 @@
 //! and must agree.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::engine::state::{CpuState, NodeState};
 use crate::engine::topology::Topology;
@@ -254,7 +254,13 @@ impl Group {
 
     /// Every node counted under this group, in path then name order.
     pub fn all_nodes(&self) -> Vec<String> {
-        let mut out: Vec<String> = self.nodes.read().expect("nodes").keys().cloned().collect();
+        let mut out: Vec<String> = self
+            .nodes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
         for (_, c) in self.child_groups() {
             out.extend(c.all_nodes());
         }
@@ -322,16 +328,23 @@ impl Cluster {
     /// creating groups as needed.
     pub fn contribute(&self, path: &[String], node: &str, a: &NodeAgg, sign: i64) {
         let mut g = Arc::clone(&self.root);
-        g.acc.lock().expect("group").add(a, sign);
+        g.acc
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(a, sign);
         for key in path {
             let child = {
-                let mut ch = g.children.write().expect("children");
+                let mut ch = g.children.write().unwrap_or_else(PoisonError::into_inner);
                 Arc::clone(ch.entry(key.clone()).or_default())
             };
-            child.acc.lock().expect("group").add(a, sign);
+            child
+                .acc
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .add(a, sign);
             g = child;
         }
-        let mut nodes = g.nodes.write().expect("nodes");
+        let mut nodes = g.nodes.write().unwrap_or_else(PoisonError::into_inner);
         if sign > 0 {
             nodes.insert(node.to_string(), ());
         } else {
@@ -343,7 +356,12 @@ impl Cluster {
     pub fn group(&self, path: &[String]) -> Option<Arc<Group>> {
         let mut g = Arc::clone(&self.root);
         for key in path {
-            let child = g.children.read().expect("children").get(key).cloned()?;
+            let child = g
+                .children
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(key)
+                .cloned()?;
             g = child;
         }
         Some(g)
@@ -351,7 +369,11 @@ impl Cluster {
 
     /// The top group's sums (every counted node).
     pub fn total(&self) -> GroupAcc {
-        self.root.acc.lock().expect("group").clone()
+        self.root
+            .acc
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Walks down the hierarchy with the incremental sums. `node_agg` gives
@@ -390,7 +412,13 @@ impl Cluster {
                 None => node.clone(),
             });
         if depth == self.config.levels.len() {
-            let names: Vec<String> = g.nodes.read().expect("nodes").keys().cloned().collect();
+            let names: Vec<String> = g
+                .nodes
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .keys()
+                .cloned()
+                .collect();
             let cands: Vec<(String, NodeAgg, i64, String)> = names
                 .into_iter()
                 .filter_map(|id| node_agg(&id).map(|a| (id.clone(), a, 1, id)))
@@ -413,7 +441,7 @@ impl Cluster {
             .expect("children")
             .iter()
             .filter_map(|(k, c)| {
-                let acc = c.acc.lock().expect("group");
+                let acc = c.acc.lock().unwrap_or_else(PoisonError::into_inner);
                 let a = acc.agg();
                 let selected = req
                     .selector

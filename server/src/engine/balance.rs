@@ -10,7 +10,7 @@
 //! kernel keeps between passes (`nr_balance_failed`, `balance_interval`,
 //! `last_balance`, `sgc->imbalance`) lives in [`LbState`] and persists.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::cache::{self, LlcView};
@@ -85,6 +85,10 @@ pub struct TaskTable {
     pub clock: Vec<i64>,
     /// Distinct affinity masks; entry 0 is every CPU of the node.
     pub masks: Vec<CpuMask>,
+    /// Where each mask is in `masks`.
+    pub mask_index: HashMap<CpuMask, u32>,
+    /// Compact the masks once there are this many (see the store).
+    pub compact_at: usize,
 }
 
 impl TaskTable {
@@ -93,16 +97,33 @@ impl TaskTable {
             cpus: vec![Arc::from(Vec::new()); nr_cpus],
             clock: vec![0; nr_cpus],
             masks: vec![CpuMask::first_n(nr_cpus)],
+            mask_index: HashMap::from([(CpuMask::first_n(nr_cpus), 0)]),
+            compact_at: 256,
         }
     }
 
     /// The index of `mask` in the table, added if new.
     pub fn intern_mask(&mut self, mask: CpuMask) -> u32 {
-        if let Some(i) = self.masks.iter().position(|m| *m == mask) {
-            return i as u32;
+        if self.mask_index.len() != self.masks.len() {
+            self.reindex_masks();
+        }
+        if let Some(&i) = self.mask_index.get(&mask) {
+            return i;
         }
         self.masks.push(mask);
-        (self.masks.len() - 1) as u32
+        let i = (self.masks.len() - 1) as u32;
+        self.mask_index.insert(mask, i);
+        i
+    }
+
+    /// Rebuilds the mask lookup after the masks were replaced.
+    pub fn reindex_masks(&mut self) {
+        self.mask_index = self
+            .masks
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (*m, i as u32))
+            .collect();
     }
 
     pub fn len(&self) -> usize {
@@ -716,8 +737,8 @@ impl Balancer {
             s.group_util += cpu_util_cfs(topo, rq, i, util_est);
             s.group_runnable += rq.runnable_avg as u64;
             let h_nr = h_nr_runnable(rq);
-            s.sum_h_nr_running += h_nr;
-            s.sum_nr_running += rq.nr_running;
+            s.sum_h_nr_running = s.sum_h_nr_running.saturating_add(h_nr);
+            s.sum_nr_running = s.sum_nr_running.saturating_add(rq.nr_running);
             if let Some(l) = pass.llc
                 && l.llc.llc(i) != l.llc.llc(env.dst_cpu)
             {

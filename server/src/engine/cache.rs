@@ -51,7 +51,7 @@ impl Default for CacheParams {
             epoch_affinity_timeout: 5,
             overaggr_pct: 50,
             imb_pct: 20,
-            max_processes: 4096,
+            max_processes: 512,
         }
     }
 }

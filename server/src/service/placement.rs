@@ -291,9 +291,15 @@ impl PlacementService for Placement {
         };
         let t0 = Instant::now();
         let n = Arc::clone(&node);
-        let out = tokio::task::spawn_blocking(move || store.balance(&n, &breq, t0))
+        let out = tokio::task::spawn_blocking(move || store.try_balance(&n, &breq, t0))
             .await
-            .map_err(|e| Status::internal(format!("balance task: {e}")))?;
+            .map_err(|e| Status::internal(format!("balance task: {e}")))?
+            .ok_or_else(|| {
+                Status::aborted(format!(
+                    "node_id: a balance pass of {} is already running; try again",
+                    r.node_id
+                ))
+            })?;
         m::record_balance(
             "node",
             &out.stats,

@@ -5,6 +5,7 @@
 //! so agents and placements never wait for it. Cache-aware accounting runs
 //! after an agent report is published, under the node's cache mutex.
 
+use std::sync::PoisonError;
 use std::time::Instant;
 
 use crate::engine::View;
@@ -77,7 +78,7 @@ impl Store {
         f: impl FnOnce(&mut super::NodeCache) -> T,
     ) -> Option<T> {
         let snap = node.snapshot();
-        let mut guard = node.cache.lock().expect("cache lock");
+        let mut guard = node.cache.lock().unwrap_or_else(PoisonError::into_inner);
         if guard.is_none() {
             if !create {
                 return None;
@@ -155,6 +156,28 @@ impl Store {
 
     /// One periodic balance of `node` (see [`Balancer::run`]).
     pub fn balance(&self, node: &Node, req: &BalanceRequest, now: Instant) -> BalanceOutcome {
+        self.balance_with(node, req, now, true)
+            .expect("a waiting balance always runs")
+    }
+
+    /// As [`Store::balance`], or `None` at once if another pass of this node
+    /// is running (the service answers ABORTED rather than queue passes).
+    pub fn try_balance(
+        &self,
+        node: &Node,
+        req: &BalanceRequest,
+        now: Instant,
+    ) -> Option<BalanceOutcome> {
+        self.balance_with(node, req, now, false)
+    }
+
+    fn balance_with(
+        &self,
+        node: &Node,
+        req: &BalanceRequest,
+        now: Instant,
+        wait: bool,
+    ) -> Option<BalanceOutcome> {
         let snap = node.snapshot();
         let topo = &snap.topo;
         let now_ms = self.now_ms(now);
@@ -192,10 +215,19 @@ impl Store {
         };
         let mut proposals = Vec::new();
         let stats = {
-            let mut b = node.balancer.lock().expect("balancer lock");
+            let mut b = if wait {
+                node.balancer.lock().unwrap_or_else(PoisonError::into_inner)
+            } else {
+                match node.balancer.try_lock() {
+                    Ok(g) => g,
+                    Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                    Err(std::sync::TryLockError::WouldBlock) => return None,
+                }
+            };
             let bal = b.get_or_insert_with(|| Box::new(Balancer::new(topo)));
             bal.run(view, &snap.tasks, view_llc.as_ref(), &opts, &mut proposals)
         };
+        let proposals = collapse(proposals);
         let cache_aware = view_llc.is_some();
         if let Some(v) = view_llc {
             let cleared = v.cleared.into_inner();
@@ -203,19 +235,19 @@ impl Store {
                 self.with_cache(node, false, |c| c.state.clear(&cleared));
             }
         }
-        let claimed = if req.apply {
+        let claimed = if req.apply && !proposals.is_empty() {
             let cpus: Vec<usize> = proposals.iter().map(|p| p.dst_cpu).collect();
             self.claim_cpus(node, &cpus, now)
         } else {
             0
         };
-        BalanceOutcome {
+        Some(BalanceOutcome {
             proposals,
             stats,
             version: snap.version,
             claimed,
             cache_aware,
-        }
+        })
     }
 
     /// Claims one task on each CPU listed (repeats count), publishing once.
@@ -223,7 +255,7 @@ impl Store {
         if cpus.is_empty() {
             return 0;
         }
-        let mut w = node.writer.lock().expect("writer lock");
+        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let cur = node.snapshot();
         let mut n = 0;
         for &cpu in cpus {
@@ -243,6 +275,9 @@ impl Store {
                 .expires
                 .push(now + self.config.claim_ttl);
             n += 1;
+        }
+        if n == 0 {
+            return 0;
         }
         let cpus = super::base_cpus(&cur, &w);
         let topo = std::sync::Arc::clone(&cur.topo);
@@ -311,6 +346,24 @@ impl Store {
         })
         .unwrap_or_else(|| summary(&LlcMap::new(&snap.topo)))
     }
+}
+
+/// One proposal per task: a task a pass moved twice goes from its first
+/// source to its last destination, and one that came back is dropped.
+fn collapse(proposals: Vec<Proposal>) -> Vec<Proposal> {
+    let mut at: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut out: Vec<Proposal> = Vec::with_capacity(proposals.len());
+    for p in proposals {
+        match at.get(&p.task) {
+            Some(&i) => out[i].dst_cpu = p.dst_cpu,
+            None => {
+                at.insert(p.task, out.len());
+                out.push(p);
+            }
+        }
+    }
+    out.retain(|p| p.src_cpu != p.dst_cpu);
+    out
 }
 
 /// Reported tasks whose process has a preferred LLC, and those on it.

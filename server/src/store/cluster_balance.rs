@@ -13,7 +13,7 @@
 //! only with `apply` (claims on the destinations).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
 use crate::cluster::NodeAgg;
@@ -106,11 +106,11 @@ fn sg_stats(pct: u32, nodes: &[usize], work: &[WorkNode], imbalanced: bool) -> S
         group_capacity: a.capacity.max(0) as u64,
         group_util: a.util.max(0) as u64,
         group_runnable: a.runnable.max(0) as u64,
-        sum_nr_running: a.nr_running.max(0) as u32,
-        sum_h_nr_running: a.nr_running.max(0) as u32,
-        idle_cpus: a.idle_cpus.max(0) as u32,
-        group_weight: a.cpus.max(0) as u32,
-        cores: a.cpus.max(0) as u32,
+        sum_nr_running: a.nr_running.clamp(0, u32::MAX as i64) as u32,
+        sum_h_nr_running: a.nr_running.clamp(0, u32::MAX as i64) as u32,
+        idle_cpus: a.idle_cpus.clamp(0, u32::MAX as i64) as u32,
+        group_weight: a.cpus.clamp(0, u32::MAX as i64) as u32,
+        cores: a.cpus.clamp(0, u32::MAX as i64) as u32,
         sgc_imbalance: imbalanced,
         min_capacity: a.max_capacity.max(0) as u64,
         max_capacity: a.max_capacity.max(0) as u64,
@@ -221,7 +221,10 @@ impl Store {
             .enumerate()
             .flat_map(|(c, v)| v.iter().map(move |&i| (c, i)))
             .collect();
-        let mut failed = self.cluster_lb.lock().expect("cluster balance state");
+        let mut failed = self
+            .cluster_lb
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         for (lc, dst) in order {
             if req.max_proposals != 0 && out.proposals.len() >= req.max_proposals {
                 break;
@@ -443,7 +446,10 @@ fn find_src_node(
                 if a.nr_running == 1 && a.load > imbalance {
                     continue;
                 }
-                if a.load * b_cap > b_load * a.capacity.max(1) {
+                // i128: a node's load times a capacity can pass 2^63.
+                if (a.load as i128) * (b_cap as i128)
+                    > (b_load as i128) * (a.capacity.max(1) as i128)
+                {
                     (b_load, b_cap, best) = (a.load, a.capacity.max(1), Some(i));
                 }
             }

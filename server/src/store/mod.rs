@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -141,8 +141,17 @@ impl Node {
         self.snap.load_full()
     }
 
+    /// Holds the node's balancer, as a running pass does (for tests).
+    #[doc(hidden)]
+    pub fn hold_balancer_for_test(&self) -> impl Drop + '_ {
+        self.balancer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub fn last_seq(&self) -> u64 {
-        self.writer.lock().expect("writer lock").last_seq
+        self.writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .last_seq
     }
 }
 
@@ -253,7 +262,7 @@ impl Store {
     pub fn uncount_stale(&self, now: Instant) -> usize {
         let mut n = 0;
         for node in self.nodes() {
-            let mut w = node.writer.lock().expect("writer lock");
+            let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
             if w.counted.is_some() && !self.is_fresh(&node.snapshot(), now) {
                 self.recount(&node, &mut w, None);
                 n += 1;
@@ -318,7 +327,7 @@ impl Store {
     }
 
     fn intern_spec(&self, spec: TopologySpec) -> Arc<TopologySpec> {
-        let mut specs = self.specs.lock().expect("spec cache");
+        let mut specs = self.specs.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(s) = specs.get(&spec).and_then(Weak::upgrade) {
             return s;
         }
@@ -336,7 +345,10 @@ impl Store {
         online: &CpuMask,
     ) -> Result<Arc<Topology>, FieldError> {
         let key = (Arc::clone(spec), *online);
-        let mut cache = self.topo_cache.lock().expect("topology cache");
+        let mut cache = self
+            .topo_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(t) = cache.get(&key).and_then(Weak::upgrade) {
             return Ok(t);
         }
@@ -373,14 +385,17 @@ impl Store {
         {
             old.generation.store(generation, Ordering::SeqCst);
             old.connected.store(true, Ordering::SeqCst);
-            old.writer.lock().expect("writer lock").needs_full = true;
+            old.writer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .needs_full = true;
             return Ok((old, generation));
         }
         let mut overrides = HashMap::new();
         if let Some(old) = self.get(id) {
             // A new topology (or new labels): the old node leaves its groups,
             // its stream is superseded, and its feature overrides carry over.
-            let mut w = old.writer.lock().expect("writer lock");
+            let mut w = old.writer.lock().unwrap_or_else(PoisonError::into_inner);
             self.recount(&old, &mut w, None);
             old.generation.store(generation, Ordering::SeqCst);
             overrides = std::mem::take(&mut w.overrides);
@@ -439,7 +454,7 @@ impl Store {
         u: &Update,
         now: Instant,
     ) -> Result<u64, Reject> {
-        let mut w = node.writer.lock().expect("writer lock");
+        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         if node.generation.load(Ordering::SeqCst) != generation {
             return Err(Reject::Superseded);
         }
@@ -584,7 +599,7 @@ impl Store {
     /// Commits a claim on `cpu` if the node is still at `version`; returns
     /// false if another writer got there first (decide again).
     pub fn try_claim(&self, node: &Node, version: u64, cpu: usize, now: Instant) -> bool {
-        let mut w = node.writer.lock().expect("writer lock");
+        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let cur = node.snapshot();
         if cur.version != version {
             return false;
@@ -618,7 +633,7 @@ impl Store {
         now: Instant,
         decide: impl FnOnce(&Snapshot) -> (T, Option<usize>),
     ) -> T {
-        let mut w = node.writer.lock().expect("writer lock");
+        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let cur = node.snapshot();
         let (out, cpu) = decide(&cur);
         if let Some(cpu) = cpu {
@@ -631,7 +646,7 @@ impl Store {
     pub fn expire_claims(&self, now: Instant) -> usize {
         let mut expired = 0;
         for node in self.nodes() {
-            let mut w = node.writer.lock().expect("writer lock");
+            let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
             if w.claims.is_empty() {
                 continue;
             }
@@ -668,7 +683,10 @@ impl Store {
 
     /// The shared empty task table of `n` CPUs.
     fn empty_tasks(&self, n: usize) -> Arc<TaskTable> {
-        let mut m = self.empty_tasks.lock().expect("empty tasks");
+        let mut m = self
+            .empty_tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         Arc::clone(m.entry(n).or_insert_with(|| Arc::new(TaskTable::empty(n))))
     }
 
@@ -691,7 +709,7 @@ impl Store {
             let keep =
                 n.connected.load(Ordering::SeqCst) || now.saturating_duration_since(since) <= limit;
             if !keep {
-                let mut w = n.writer.lock().expect("writer lock");
+                let mut w = n.writer.lock().unwrap_or_else(PoisonError::into_inner);
                 self.recount(n, &mut w, None);
             }
             keep
@@ -711,7 +729,11 @@ impl Store {
 
     /// The node's overrides of the global features.
     pub fn overrides(&self, node: &Node) -> HashMap<String, bool> {
-        node.writer.lock().expect("writer lock").overrides.clone()
+        node.writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .overrides
+            .clone()
     }
 
     /// Sets global features (`node = None`) or a node's overrides, and
@@ -730,7 +752,10 @@ impl Store {
         }
         match node {
             None => {
-                let _serial = self.global_lock.lock().expect("features lock");
+                let _serial = self
+                    .global_lock
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 let mut g = self.global_features();
                 for (k, v) in set {
                     g.set(k, *v);
@@ -746,7 +771,7 @@ impl Store {
     }
 
     fn refresh_features(&self, node: &Node, set: Option<&[(String, bool)]>, clear: bool) {
-        let mut w = node.writer.lock().expect("writer lock");
+        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         if clear {
             w.overrides.clear();
         }

@@ -15,8 +15,11 @@ use super::Update;
 pub const MAX_TASKS_PER_CPU: usize = 1024;
 /// Runtime one report may add on one CPU: 1,000 s.
 pub const MAX_RUNTIME_NS: u64 = 1_000_000_000_000;
-/// Distinct affinity masks a node keeps before compacting them.
-const MAX_MASKS: usize = 256;
+/// Tasks a node may list in all, and distinct affinity masks it may use.
+pub const MAX_TASKS_PER_NODE: usize = 65_536;
+pub const MAX_MASKS_PER_NODE: usize = 4_096;
+/// Runtime entries one update may carry, per CPU of the node.
+pub const MAX_RUNTIME_PER_CPU: usize = 4;
 
 /// One CPU's runnable tasks as reported; each task's affinity as a mask
 /// (`None` = every CPU).
@@ -37,6 +40,16 @@ pub struct RuntimeEntry {
 }
 
 pub(super) fn check_runtime(entries: &[RuntimeEntry], n: usize) -> Result<(), FieldError> {
+    if entries.len() > MAX_RUNTIME_PER_CPU * n {
+        return Err(FieldError::new(
+            "update.runtime",
+            format!(
+                "{} entries exceed the limit of {} ({MAX_RUNTIME_PER_CPU} per CPU)",
+                entries.len(),
+                MAX_RUNTIME_PER_CPU * n
+            ),
+        ));
+    }
     for (k, e) in entries.iter().enumerate() {
         let f = |x: &str| format!("update.runtime[{k}].{x}");
         if e.cpu as usize >= n {
@@ -71,9 +84,31 @@ pub(super) fn merge(
     online: &CpuMask,
     empty: &Arc<TaskTable>,
 ) -> Result<Arc<TaskTable>, FieldError> {
-    if u.tasks.is_empty() {
+    let on_offline = (0..n).any(|c| !online.test(c) && !cur.cpus[c].is_empty());
+    if u.tasks.is_empty() && (u.full || !on_offline) {
         // Nothing listed: a delta keeps the lists, a full update empties them.
         return Ok(Arc::clone(if u.full { empty } else { cur }));
+    }
+    let listed: usize = u.tasks.iter().map(|l| l.tasks.len()).sum();
+    if listed > MAX_TASKS_PER_NODE {
+        return Err(FieldError::new(
+            "update.tasks",
+            format!("{listed} tasks exceed the limit of {MAX_TASKS_PER_NODE} per node"),
+        ));
+    }
+    let distinct: HashSet<&CpuMask> = u
+        .tasks
+        .iter()
+        .flat_map(|l| l.tasks.iter().filter_map(|(_, m)| m.as_ref()))
+        .collect();
+    if distinct.len() > MAX_MASKS_PER_NODE {
+        return Err(FieldError::new(
+            "update.tasks",
+            format!(
+                "{} distinct affinity masks exceed the limit of {MAX_MASKS_PER_NODE}",
+                distinct.len()
+            ),
+        ));
     }
     let mut seen_cpu = CpuMask::new();
     let mut ids: HashSet<u64> = HashSet::new();
@@ -108,10 +143,10 @@ pub(super) fn merge(
                 ),
             ));
         }
-        if l.clock < 0 {
+        if !(0..=(1i64 << 62)).contains(&l.clock) {
             return Err(FieldError::new(
                 f("clock_task"),
-                format!("{} is negative", l.clock),
+                format!("{} is out of range 0..2^62", l.clock),
             ));
         }
         let mut running = 0;
@@ -157,8 +192,16 @@ pub(super) fn merge(
         }
         t
     };
-    if table.masks.len() > MAX_MASKS {
+    // CPUs offline after this update run nothing.
+    for c in 0..n {
+        if !online.test(c) && !table.cpus[c].is_empty() {
+            table.cpus[c] = Vec::new().into();
+        }
+    }
+    if table.masks.len() > table.compact_at {
         compact_masks(&mut table, n);
+        // Compact again only once the table has doubled.
+        table.compact_at = (2 * table.masks.len()).max(256);
     }
     for l in &u.tasks {
         let cpu = l.cpu as usize;
@@ -198,4 +241,5 @@ fn compact_masks(t: &mut TaskTable, n: usize) {
         *list = v.into();
     }
     t.masks = keep;
+    t.reindex_masks();
 }
