@@ -341,6 +341,52 @@ fn memory_in_process(nodes: usize, cpus: u32) {
     );
 }
 
+/// `concurrency` callers spread over the clients call `call` back to back
+/// for `seconds`; returns the latencies of the calls that succeeded, the
+/// failures and the phase's length in seconds.
+async fn run_phase<F, Fut>(
+    clients: &[Client],
+    concurrency: usize,
+    seconds: u64,
+    call: F,
+) -> (Histogram<u64>, u64, f64)
+where
+    F: Fn(Client, usize) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..concurrency {
+        let c = clients[i % clients.len()].clone();
+        let stop = Arc::clone(&stop);
+        let call = call.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+            let mut errors = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                if call(c.clone(), i).await {
+                    h.record(t0.elapsed().as_nanos() as u64).unwrap();
+                } else {
+                    errors += 1;
+                }
+            }
+            (h, errors)
+        }));
+    }
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    let mut errors = 0;
+    for t in tasks {
+        let (h, e) = t.await.unwrap();
+        all.add(h).unwrap();
+        errors += e;
+    }
+    (all, errors, t0.elapsed().as_secs_f64())
+}
+
 fn pct(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
@@ -415,55 +461,30 @@ async fn rpc(server: &Server, seconds: u64, connections: usize, concurrency: usi
     );
     let mut results = Vec::new();
     for phase in ["ping", "pick_cpu"] {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut tasks = Vec::new();
-        for i in 0..concurrency {
-            let c = clients[i % connections].clone();
-            let stop = Arc::clone(&stop);
-            tasks.push(tokio::spawn(async move {
-                let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-                let mut errors = 0u64;
-                let this = (i % 128) as u32;
-                let req = pb::PickCpuRequest {
-                    node_id: "load".into(),
-                    task: Some(pb::Task {
-                        prev_cpu: Some((this + 17) % 128),
-                        util_avg: 150,
-                        load_avg: 200,
-                        ..Default::default()
-                    }),
-                    kind: pb::RequestKind::Wakeup as i32,
-                    this_cpu: this,
-                    claim,
+        let (all, errors, secs) = run_phase(&clients, concurrency, seconds, move |c, i| {
+            let this = (i % 128) as u32;
+            let req = pb::PickCpuRequest {
+                node_id: "load".into(),
+                task: Some(pb::Task {
+                    prev_cpu: Some((this + 17) % 128),
+                    util_avg: 150,
+                    load_avg: 200,
                     ..Default::default()
-                };
-                while !stop.load(Ordering::Relaxed) {
-                    let t0 = Instant::now();
-                    let ok = if phase == "ping" {
-                        c.ping().await.is_ok()
-                    } else {
-                        c.pick_cpu(req.clone()).await.is_ok()
-                    };
-                    if ok {
-                        h.record(t0.elapsed().as_nanos() as u64).unwrap();
-                    } else {
-                        errors += 1;
-                    }
+                }),
+                kind: pb::RequestKind::Wakeup as i32,
+                this_cpu: this,
+                claim,
+                ..Default::default()
+            };
+            async move {
+                if phase == "ping" {
+                    c.ping().await.is_ok()
+                } else {
+                    c.pick_cpu(req).await.is_ok()
                 }
-                (h, errors)
-            }));
-        }
-        let t0 = Instant::now();
-        tokio::time::sleep(Duration::from_secs(seconds)).await;
-        stop.store(true, Ordering::Relaxed);
-        let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-        let mut errors = 0;
-        for t in tasks {
-            let (h, e) = t.await.unwrap();
-            all.add(h).unwrap();
-            errors += e;
-        }
-        let secs = t0.elapsed().as_secs_f64();
+            }
+        })
+        .await;
         let rps = all.len() as f64 / secs;
         println!(
             "{phase}: {:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, errors {errors}",
@@ -675,50 +696,25 @@ async fn cluster(
     let clients: Vec<Client> = chans.iter().cloned().map(Client::from_channel).collect();
     let mut results = Vec::new();
     for phase in ["ping", "cluster_pick"] {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut tasks = Vec::new();
-        for i in 0..concurrency {
-            let c = clients[i % connections].clone();
-            let stop = Arc::clone(&stop);
-            tasks.push(tokio::spawn(async move {
-                let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-                let mut errors = 0u64;
-                let req = pb::PickCpuRequest {
-                    task: Some(pb::Task {
-                        util_avg: 150,
-                        load_avg: 200,
-                        ..Default::default()
-                    }),
-                    kind: pb::RequestKind::Fork as i32,
+        let (all, errors, secs) = run_phase(&clients, concurrency, seconds, move |c, _| {
+            let req = pb::PickCpuRequest {
+                task: Some(pb::Task {
+                    util_avg: 150,
+                    load_avg: 200,
                     ..Default::default()
-                };
-                while !stop.load(Ordering::Relaxed) {
-                    let t0 = Instant::now();
-                    let ok = if phase == "ping" {
-                        c.ping().await.is_ok()
-                    } else {
-                        c.pick_cpu(req.clone()).await.is_ok()
-                    };
-                    if ok {
-                        h.record(t0.elapsed().as_nanos() as u64).unwrap();
-                    } else {
-                        errors += 1;
-                    }
+                }),
+                kind: pb::RequestKind::Fork as i32,
+                ..Default::default()
+            };
+            async move {
+                if phase == "ping" {
+                    c.ping().await.is_ok()
+                } else {
+                    c.pick_cpu(req).await.is_ok()
                 }
-                (h, errors)
-            }));
-        }
-        let t0 = Instant::now();
-        tokio::time::sleep(Duration::from_secs(seconds)).await;
-        stop.store(true, Ordering::Relaxed);
-        let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-        let mut errors = 0;
-        for t in tasks {
-            let (h, e) = t.await.unwrap();
-            all.add(h).unwrap();
-            errors += e;
-        }
-        let secs = t0.elapsed().as_secs_f64();
+            }
+        })
+        .await;
         println!(
             "{phase}: {:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, errors {errors}",
             all.len() as f64 / secs,
