@@ -581,7 +581,7 @@ fn affinity_blocked_child_level_marks_its_group_imbalanced_for_the_parent() {
     let (out, stats) = run(&mut b, &topo, &st, &table, &opts(&[3]));
     assert!(out.is_empty());
     assert_eq!(rejections(&stats), [("affinity", 2)]);
-    assert!(b.lb.group_imbalance[llc1 as usize]);
+    assert!(b.lb.sgc_imbalance(&topo, Level::Pkg, llc1));
     assert_eq!(dom(&b, 3, 0), (0, 4));
     // CPU 0, PKG: remote {2,3}: nr 2 <= 2 (not overloaded) but
     //   sgc->imbalance -> group_imbalanced (5): force; calculate_imbalance:
@@ -602,7 +602,7 @@ fn affinity_blocked_child_level_marks_its_group_imbalanced_for_the_parent() {
         )]
     );
     // Only a balanced pass of the child level without ALL_PINNED clears it.
-    assert!(b.lb.group_imbalance[llc1 as usize]);
+    assert!(b.lb.sgc_imbalance(&topo, Level::Pkg, llc1));
 }
 
 // ---------------------------------------------------------------------------
@@ -1380,4 +1380,116 @@ fn busy_cpu_interval_is_scaled_by_busy_factor_minus_one() {
     assert_eq!((stats.domains_balanced, stats.domains_not_due), (0, 1));
     let (_, stats) = run(&mut b, &topo, &st, &table, &at(63));
     assert_eq!((stats.domains_balanced, stats.domains_not_due), (1, 0));
+}
+
+// ---------------------------------------------------------------------------
+// sg->cores at the SMT level: each group is one CPU, hence one core
+// ---------------------------------------------------------------------------
+//
+// init_sched_groups_capacity() counts a group's cores over the group's own
+// span: walk its CPUs, count one, remove that CPU's SMT siblings. At the SMT
+// level every group is a single CPU, so every group has cores == 1 whichever
+// sibling it holds; sibling_imbalance() then takes the difference of the task
+// counts and calculate_imbalance() halves it.
+
+/// `n` CPUs, one LLC, CPU `i` on core `core_of(i)`.
+fn one_llc(n: usize, core_of: impl Fn(usize) -> u32) -> Topology {
+    let cpus: Vec<(u32, u32)> = (0..n).map(|i| (core_of(i), 0)).collect();
+    build_all(&spec(&cpus))
+}
+
+/// Four nice-0 tasks (load 1024, util 256, runnable 1024) on `busy`, task 1
+/// at the head and running, task 4 the coldest.
+fn four_on(topo: &Topology, busy: usize) -> TaskTable {
+    let mut table = TaskTable::empty(topo.nr_cpus);
+    set(
+        &mut table,
+        busy,
+        vec![
+            running(task(1, 1024, 256, 1024)),
+            task(2, 1024, 256, 1024),
+            task(3, 1024, 256, 1024),
+            task(4, 1024, 256, 1024),
+        ],
+    );
+    table
+}
+
+/// One pass from `dst` alone with four tasks on `busy`, a sibling of it.
+/// Derivation, the same for every SMT width and numbering below:
+/// - SMT level, dst idle: should_we_balance holds (the local group {dst} is
+///   its own balance CPU and idle).
+/// - local {dst}: nr 0 < weight 1 -> has_spare, cores 1.
+/// - {busy}: nr 4 > weight 1 and runnable 4096*100 > 1024*110 -> overloaded,
+///   cores 1. Other siblings are idle (has_spare): busy is the busiest.
+/// - SMT has no child: prefer_sibling false; the busiest is overloaded so no
+///   early exit -> calculate_imbalance.
+/// - local has_spare, SMT shares the LLC (no util case), busiest.group_weight
+///   == 1 -> sibling_imbalance: equal cores (1 == 1): 4 - 0 = 4; >> 1 = 2.
+/// - find_src_rq: busy; detach_tasks from the tail: tasks 4 and 3 (cold),
+///   imbalance 2 -> 0.
+/// - The level above sees the core (or the node) with all the work in the
+///   local group and no busier group: nothing more.
+fn two_move_to_the_idle_sibling(topo: &Topology, busy: usize, dst: usize) {
+    assert_eq!(topo.domains(dst)[0].level, Level::Smt);
+    let table = four_on(topo, busy);
+    let st = node(topo, &table);
+    let mut b = Balancer::new(topo);
+    let (out, _) = run(&mut b, topo, &st, &table, &opts(&[dst]));
+    let expect: Vec<Proposal> = [4, 3]
+        .iter()
+        .map(|&t| {
+            prop(
+                t,
+                busy,
+                dst,
+                MigrationType::Task,
+                Level::Smt,
+                GroupType::Overloaded,
+                GroupType::HasSpare,
+                2,
+            )
+        })
+        .collect();
+    assert_eq!(out, expect, "busy {busy} -> dst {dst}");
+}
+
+#[test]
+fn smt2_idle_first_sibling_pulls_half_of_four_tasks() {
+    // 8 CPUs, SMT2 packed: cores {0,1} {2,3} {4,5} {6,7}.
+    let topo = one_llc(8, |i| (i / 2) as u32);
+    two_move_to_the_idle_sibling(&topo, 1, 0);
+}
+
+#[test]
+fn smt2_idle_second_sibling_pulls_half_of_four_tasks() {
+    let topo = one_llc(8, |i| (i / 2) as u32);
+    two_move_to_the_idle_sibling(&topo, 0, 1);
+}
+
+#[test]
+fn smt4_first_and_other_siblings_pull_half_of_four_tasks() {
+    // 8 CPUs, SMT4: cores {0-3} {4-7}.
+    let topo = one_llc(8, |i| (i / 4) as u32);
+    two_move_to_the_idle_sibling(&topo, 1, 0);
+    two_move_to_the_idle_sibling(&topo, 0, 2);
+    two_move_to_the_idle_sibling(&topo, 6, 5);
+}
+
+#[test]
+fn smt8_first_and_other_siblings_pull_half_of_four_tasks() {
+    // 8 CPUs, one SMT8 core: only the SMT domain survives.
+    let topo = one_llc(8, |_| 0);
+    two_move_to_the_idle_sibling(&topo, 5, 0);
+    two_move_to_the_idle_sibling(&topo, 0, 2);
+    two_move_to_the_idle_sibling(&topo, 7, 3);
+}
+
+#[test]
+fn interleaved_smt2_cores_count_one_core_per_sibling_group() {
+    // x86 numbering: core c = {c, c+4}. Core 0's second thread is CPU 4;
+    // core 1's lowest id is CPU 1 and its other thread CPU 5.
+    let topo = one_llc(8, |i| (i % 4) as u32);
+    two_move_to_the_idle_sibling(&topo, 4, 0);
+    two_move_to_the_idle_sibling(&topo, 1, 5);
 }

@@ -171,7 +171,9 @@ pub struct DomainLb {
 pub struct LbState {
     /// Per CPU, per domain of its chain.
     pub dom: Vec<Vec<DomainLb>>,
-    /// `sgc->imbalance` by group span.
+    /// `sgc->imbalance`, per level and group span: the kernel keeps one
+    /// `sched_group_capacity` per topology level, so a span that is a group
+    /// at two levels has two flags. Indexed by [`sgc_index`].
     pub group_imbalance: Vec<bool>,
 }
 
@@ -190,14 +192,20 @@ impl LbState {
                         .collect()
                 })
                 .collect(),
-            group_imbalance: vec![false; topo.spans.len()],
+            group_imbalance: vec![false; topo.spans.len() * topo.levels.len()],
         }
+    }
+
+    /// `sgc->imbalance` of the group spanning `g` among the groups of a
+    /// domain at `level`.
+    pub fn sgc_imbalance(&self, topo: &Topology, level: Level, g: SpanId) -> bool {
+        self.group_imbalance[sgc_index(topo, level, g)]
     }
 
     /// Whether this state was built for `topo`'s domain tree.
     pub fn fits(&self, topo: &Topology) -> bool {
         self.dom.len() == topo.nr_cpus
-            && self.group_imbalance.len() == topo.spans.len()
+            && self.group_imbalance.len() == topo.spans.len() * topo.levels.len()
             && self
                 .dom
                 .iter()
@@ -543,8 +551,11 @@ impl Balancer {
                     break;
                 }
                 if has_parent && env.flags & lbf::SOME_PINNED != 0 && env.imbalance > 0 {
-                    // Tell the level above that affinity blocked this one.
-                    self.lb.group_imbalance[d.span as usize] = true;
+                    // Tell the level above that affinity blocked this one:
+                    // the parent's local group (`sd_parent->groups->sgc`)
+                    // spans this domain.
+                    let parent = &topo.domains(this_cpu)[k + 1];
+                    self.lb.group_imbalance[sgc_index(topo, parent.level, d.span)] = true;
                 }
                 if env.flags & lbf::ALL_PINNED != 0 {
                     env.cpus.clear(busiest);
@@ -589,7 +600,8 @@ impl Balancer {
             && has_parent
             && env.flags & lbf::ALL_PINNED == 0
         {
-            self.lb.group_imbalance[d.span as usize] = false;
+            let parent = &topo.domains(this_cpu)[k + 1];
+            self.lb.group_imbalance[sgc_index(topo, parent.level, d.span)] = false;
         }
         if !matches!(exit, Exit::OnePinned) {
             self.lb.dom[this_cpu][k].nr_balance_failed = 0;
@@ -767,7 +779,7 @@ impl Balancer {
         let flags = group_flags(topo, g);
         s.smt = flags & sd::SHARE_CPUCAPACITY != 0;
         s.prefer_sibling = flags & sd::PREFER_SIBLING != 0;
-        s.sgc_imbalance = self.lb.group_imbalance[g as usize];
+        s.sgc_imbalance = self.lb.group_imbalance[sgc_index(topo, d.level, g)];
         let k = env.sd;
         if !is_local {
             s.group_smt_balance = env.idle != IdleType::NotIdle && s.smt && s.sum_h_nr_running > 1;
@@ -1243,16 +1255,29 @@ fn group_flags(topo: &Topology, g: SpanId) -> u32 {
         .map_or(0, |d| d.flags)
 }
 
-/// `sg->cores`: SMT cores with a CPU in the group.
+/// `sg->cores` (`init_sched_groups_capacity()`): the cores with an online
+/// CPU in the group's own span. The kernel walks the span, counting a CPU
+/// and removing its SMT siblings, so a one-CPU group at the SMT level is
+/// one core whichever sibling it holds.
 fn group_cores(topo: &Topology, span: &CpuMask) -> u32 {
+    // A CPU starts a new core unless a lower sibling of it is in the span.
     span.iter()
         .filter(|&c| topo.online.test(c))
         .filter(|&c| {
-            topo.smt_siblings(c)
-                .first()
-                .is_none_or(|&s| s as usize == c)
+            !topo
+                .smt_siblings(c)
+                .iter()
+                .take_while(|&&s| (s as usize) < c)
+                .any(|&s| span.test(s as usize))
         })
         .count() as u32
+}
+
+/// Where `sgc->imbalance` of the group `g` of a domain at `level` is
+/// kept in [`LbState::group_imbalance`].
+fn sgc_index(topo: &Topology, level: Level, g: SpanId) -> usize {
+    let at = topo.levels.iter().position(|&l| l == level).unwrap_or(0);
+    at * topo.spans.len() + g as usize
 }
 
 /// `rq->cfs.h_nr_runnable`.
