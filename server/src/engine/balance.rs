@@ -776,7 +776,11 @@ impl Balancer {
             s.min_capacity = 0;
         }
         s.cores = group_cores(topo, span);
-        let flags = group_flags(topo, g);
+        let flags = if d.has(sd::NUMA) && !is_local {
+            numa_remote_group_flags(topo, d)
+        } else {
+            group_flags(topo, g)
+        };
         s.smt = flags & sd::SHARE_CPUCAPACITY != 0;
         s.prefer_sibling = flags & sd::PREFER_SIBLING != 0;
         s.sgc_imbalance = self.lb.group_imbalance[sgc_index(topo, d.level, g)];
@@ -1253,6 +1257,29 @@ fn group_flags(topo: &Topology, g: SpanId) -> u32 {
         .iter()
         .find(|d| d.span == g || topo.span(d.span) == span)
         .map_or(0, |d| d.flags)
+}
+
+/// `sg->flags` of a group at a NUMA level that is not the balancing CPU's
+/// own. NUMA groups are built per CPU (`build_overlap_sched_groups()`), each
+/// taking the flags of the child domain it was built from as it stood
+/// before degeneration: the NODE level's (which keeps SD_PREFER_SIBLING) or
+/// the NUMA level below's (SD_NUMA, no SD_PREFER_SIBLING). When that child
+/// degenerates away, `cpu_attach_domain()` rewrites only the CPU's local
+/// group, so a remote group never takes the surviving domain's flags (an
+/// SMT domain's SD_SHARE_CPUCAPACITY, say, where a NUMA node is one core).
+fn numa_remote_group_flags(topo: &Topology, d: &Domain) -> u32 {
+    let at = topo.levels.iter().position(|&l| l == d.level).unwrap_or(0);
+    let child = match at.checked_sub(1).map(|i| topo.levels[i]) {
+        Some(Level::Numa(_)) => sd::NUMA,
+        Some(_) => sd::PREFER_SIBLING,
+        None => 0,
+    };
+    // sd_init(): no spreading across CPUs of different capacities.
+    if d.has(sd::ASYM_CPUCAPACITY) {
+        child & !sd::PREFER_SIBLING
+    } else {
+        child
+    }
 }
 
 /// `sg->cores` (`init_sched_groups_capacity()`): the cores with an online
