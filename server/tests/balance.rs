@@ -1493,3 +1493,49 @@ fn interleaved_smt2_cores_count_one_core_per_sibling_group() {
     two_move_to_the_idle_sibling(&topo, 4, 0);
     two_move_to_the_idle_sibling(&topo, 1, 5);
 }
+
+#[test]
+fn remote_numa_group_built_from_a_degenerated_node_level_is_not_an_smt_group() {
+    // 2 NUMA nodes, each one SMT2 core with its own LLC: CPUs {0,1} and
+    // {2,3}. Per CPU only SMT {core} and NUMA {0-3} survive (MC, PKG and
+    // NODE span the core). CPU 0 runs two nice-0 tasks (load 1024, util
+    // 500, runnable 1024); Balance from CPU 2 alone.
+    let s = TopologySpec {
+        cpus: (0..4u32)
+            .map(|i| CpuTopo {
+                core: i / 2,
+                cluster: None,
+                llc: i / 2,
+                node: i / 2,
+                capacity: 1024,
+            })
+            .collect(),
+        numa_distance: None,
+    };
+    let topo = build_all(&s);
+    assert_eq!(levels(&topo, 2), [Level::Smt, Level::Numa(1)]);
+    let mut table = TaskTable::empty(4);
+    set(
+        &mut table,
+        0,
+        vec![running(task(1, 1024, 500, 1024)), task(2, 1024, 500, 1024)],
+    );
+    let st = node(&topo, &table);
+    let mut b = Balancer::new(&topo);
+    let (out, _) = run(&mut b, &topo, &st, &table, &opts(&[2]));
+    // SMT {2,3}: both idle, nothing to pull.
+    // NUMA1: the remote group {0,1} was built from CPU 0's NODE domain,
+    //   whose flags (SD_PREFER_SIBLING, no SD_SHARE_CPUCAPACITY) it keeps:
+    //   cpu_attach_domain() rewrites only CPU 2's own group when NODE
+    //   degenerates. So {0,1} is not an SMT group. nr 2 <= weight 2: not
+    //   overloaded; group_has_capacity: runnable 2048*100 <= 2048*117 and
+    //   2048*100 > util 1000*117 -> has_spare, idle_cpus 1 (CPU 1). It is
+    //   the busiest (the only group with tasks), but not smt_balance.
+    // sched_balance_find_src_group: local {2,3} has_spare (idle_cpus 2); no
+    //   prefer_sibling at NUMA; busiest not overloaded, dst idle, no SMT
+    //   pull; weight 2 > 1 and local idle 2 <= busiest idle 1 + 1 ->
+    //   balanced.
+    // Nothing moves (the engine once called {0,1} an SMT group and moved
+    // task 2 as smt_balance).
+    assert_eq!(out, []);
+}
