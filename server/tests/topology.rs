@@ -353,3 +353,112 @@ fn group_rings_follow_the_kernels_shared_groups() {
     assert_eq!(ring(0), ["0,4", "1,3", "2,5"]);
     assert_eq!(ring(5), ["2,5", "0,4", "1,3"]);
 }
+
+/// The hardening issue's node: 4,096 CPUs, each its own core and LLC, 16 per
+/// NUMA node (256 nodes), with the distances `d`.
+fn node_4096(d: impl Fn(u32, u32) -> u32) -> TopologySpec {
+    let cpus = (0..4096u32)
+        .map(|c| CpuTopo {
+            core: c,
+            cluster: None,
+            llc: c,
+            node: c / 16,
+            capacity: 1024,
+        })
+        .collect();
+    TopologySpec {
+        cpus,
+        numa_distance: Some(
+            (0..256u32)
+                .map(|a| (0..256u32).map(|b| d(a, b)).collect())
+                .collect(),
+        ),
+    }
+}
+
+/// A large machine's tiers: 10 local, 16 within a blade of 4 nodes, 22
+/// within a rack of 32, then 28 + 2 per rack hop (11 distinct distances).
+fn tiers(a: u32, b: u32) -> u32 {
+    if a == b {
+        10
+    } else if a / 4 == b / 4 {
+        16
+    } else if a / 32 == b / 32 {
+        22
+    } else {
+        28 + 2 * (a / 32).abs_diff(b / 32)
+    }
+}
+
+#[test]
+fn the_4096_cpu_256_node_topology_builds() {
+    let spec = node_4096(tiers);
+    let t = Topology::build(&spec, &all(&spec), 30).unwrap();
+    assert_eq!(t.distances, [10, 16, 22, 30, 32, 34, 36, 38, 40, 42]);
+    // Single-CPU SMT and MC levels and NODE (the same span as PKG) go; the
+    // node, the blade, the rack and each rack hop stay, up to the level
+    // that spans the machine (7 hops from rack 0).
+    assert_eq!(
+        levels(&t, 100),
+        [
+            "PKG", "NUMA1", "NUMA2", "NUMA3", "NUMA4", "NUMA5", "NUMA6", "NUMA7", "NUMA8", "NUMA9"
+        ]
+    );
+    let d = t.domains(100);
+    assert_eq!(*t.span(d[0].span), m("96-111"));
+    assert_eq!(*t.span(d[1].span), m("64-127"));
+    assert_eq!(*t.span(d[2].span), m("0-511"));
+    assert_eq!(*t.span(d[3].span), m("0-1023"));
+    assert_eq!(d.last().unwrap().weight, 4096);
+    // PKG's groups are its CPUs, the ring of the shared groups entered at
+    // CPU 100; NUMA1's are the blade's nodes, local node first, then in the
+    // order of the walk from CPU 100.
+    assert_eq!(d[0].groups.len(), 16);
+    assert_eq!(*t.span(d[0].groups[0]), m("100"));
+    assert_eq!(*t.span(d[0].groups[1]), m("101"));
+    let blade: Vec<String> = d[1].groups.iter().map(|g| t.span(*g).to_string()).collect();
+    assert_eq!(blade, ["96-111", "112-127", "64-79", "80-95"]);
+    // A CPU of a middle rack (4) reaches the whole machine in 4 hops, at
+    // NUMA6; its tree stops there.
+    assert_eq!(t.domains(2048).len(), 7);
+    assert_eq!(t.domains(2048)[6].weight, 4096);
+    // The top level far beyond the reclaim distance: no wake affinity.
+    assert!(!d.last().unwrap().has(sd::WAKE_AFFINE));
+    // One LLC object per CPU; every CPU the only one of its LLC.
+    assert_eq!(t.shared.len(), 4096);
+    assert!(t.sd_llc(100).is_none() && t.llc_size(100) == 1);
+    // CPUs of one node share every ring above the node.
+    let top = |c: usize| t.domains(c).last().unwrap().groups.to_vec();
+    assert_eq!(top(96), top(111));
+}
+
+#[test]
+fn too_many_numa_distances_are_refused_naming_the_field() {
+    use fairplace::engine::topology::MAX_NUMA_DISTANCES;
+    // Distances growing with the node ids' difference: 122 distinct values,
+    // a NUMA level each.
+    let spec = node_4096(|a, b| (10 + 2 * a.abs_diff(b)).min(254));
+    let e = Topology::build(&spec, &all(&spec), 30).unwrap_err();
+    assert_eq!(e.field, "topology.numa_distance", "{e}");
+    assert!(e.msg.contains("122 distinct distances"), "{e}");
+
+    // Exactly the limit builds, one more is refused: 256 nodes on a ring,
+    // 2 more per hop up to `levels` hops.
+    let ring = |levels: u32| {
+        node_4096(move |a, b| {
+            let hops = a.abs_diff(b).min(256 - a.abs_diff(b));
+            if a == b {
+                10
+            } else {
+                10 + 2 * hops.min(levels)
+            }
+        })
+    };
+    let limit = MAX_NUMA_DISTANCES as u32;
+    let spec = ring(limit);
+    let t = Topology::build(&spec, &all(&spec), 30).unwrap();
+    assert_eq!(t.distances.len(), MAX_NUMA_DISTANCES + 1);
+    let spec = ring(limit + 1);
+    let e = Topology::build(&spec, &all(&spec), 30).unwrap_err();
+    assert_eq!(e.field, "topology.numa_distance", "{e}");
+}
