@@ -5,11 +5,15 @@
 //! acks, and a server holds one such stream per node, so with 10,000 nodes
 //! the defaults alone would cost ~160 MiB. The buffers still grow as a
 //! message needs.
+//!
+//! A message that does not decode is the caller's fault: it is answered
+//! INVALID_ARGUMENT (tonic's prost codec says INTERNAL, a server error).
 
 use std::marker::PhantomData;
 
-use tonic::codec::{BufferSettings, Codec};
-use tonic_prost::{ProstDecoder, ProstEncoder};
+use tonic::Status;
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+use tonic_prost::ProstEncoder;
 
 const BUFFER: usize = 1024;
 const YIELD_THRESHOLD: usize = 32 * 1024;
@@ -31,13 +35,32 @@ where
     type Encode = T;
     type Decode = U;
     type Encoder = ProstEncoder<T>;
-    type Decoder = ProstDecoder<U>;
+    type Decoder = LeanDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
         ProstEncoder::new(BufferSettings::new(BUFFER, YIELD_THRESHOLD))
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstDecoder::new(BufferSettings::new(BUFFER, YIELD_THRESHOLD))
+        LeanDecoder(PhantomData)
+    }
+}
+
+/// Decodes `U`; an undecodable message is INVALID_ARGUMENT.
+#[derive(Debug, Clone, Copy)]
+pub struct LeanDecoder<U>(PhantomData<U>);
+
+impl<U: prost::Message + Default> Decoder for LeanDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        U::decode(buf)
+            .map(Some)
+            .map_err(|e| Status::invalid_argument(e.to_string()))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::new(BUFFER, YIELD_THRESHOLD)
     }
 }
