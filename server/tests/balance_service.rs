@@ -11,8 +11,8 @@ use fairplace::engine::migrate::MigrationType;
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
 use fairplace::store::{
-    BalanceRequest, ClusterBalanceRequest, CpuTaskList, Node, Reject, RuntimeEntry, Store,
-    StoreConfig, Update,
+    BalanceRequest, ClusterBalanceRequest, CpuTaskList, MAX_RUNTIME_PER_CPU, Node, Reject,
+    RuntimeEntry, Store, StoreConfig, Update,
 };
 use fairplace_proto::v1 as pb;
 
@@ -229,7 +229,8 @@ fn every_bad_task_list_is_refused_with_its_field_and_changes_nothing() {
         (
             "update.runtime",
             bad(&|u| {
-                u.runtime = (0..17)
+                // One more than the limit of the node's 4 CPUs.
+                u.runtime = (0..(4 * MAX_RUNTIME_PER_CPU + 1) as u64)
                     .map(|i| RuntimeEntry {
                         group: 5 + i,
                         cpu: 0,

@@ -6,7 +6,11 @@
 //! register, a full snapshot, then deltas of the CPUs that changed (an empty
 //! delta is the heartbeat that keeps the node fresh), and on any error a
 //! reconnect with jittered exponential backoff and a full snapshot again.
+//! Updates are cut to the server's limits before they are sent; a part the
+//! server refuses anyway is left out of the next update and cut further
+//! after that ([`limits`]), so a refusal never stops the reports.
 
+pub mod limits;
 pub mod pelt;
 pub mod procfs;
 pub mod sysfs;
@@ -114,6 +118,9 @@ pub struct Machine {
     /// Tasks reported per CPU, biggest first; 0 = no task lists.
     task_cap: usize,
     tracker: tasks::RuntimeTracker,
+    /// Per CPU, when a sample first showed it idle (monotonic ns); 0 while
+    /// it is busy.
+    idle_since: Vec<i64>,
 }
 
 impl Machine {
@@ -130,6 +137,7 @@ impl Machine {
             last_read: Duration::ZERO,
             task_cap: 0,
             tracker: tasks::RuntimeTracker::new(),
+            idle_since: vec![0; n],
         })
     }
 
@@ -206,6 +214,7 @@ impl Source for Machine {
             self.prev[i] = Some(t);
         }
         let me = procfs_self_cpu(&self.proc);
+        let now = monotonic_ns().max(1);
         let out = (0..n)
             .map(|i| {
                 let util = self.pelt[i].util() as i64;
@@ -218,10 +227,28 @@ impl Source for Machine {
                 let idle = rq.h_nr_idle[i].min(nr);
                 // A nice-0 task's load and runnable averages track its
                 // runnable time: approximate them from util and queue depth.
-                let runnable = util * nr.max(1) as i64;
+                let runnable = (util * nr.max(1) as i64).min(MAX_SIGNAL);
+                let is_online = online.contains(&(i as u32));
+                // rq->idle_stamp: the kernel stamps a CPU going idle with its
+                // runqueue clock, and the slow path prefers the most recently
+                // idle CPU. The kernel's own is not readable (neither
+                // /proc/schedstat nor sched/debug shows it), so it is when a
+                // sample first showed the CPU idle, on the clock that stands
+                // in for the runqueue clock; never 0 for an idle CPU (0 would
+                // make it lose to every stamped one, and with all 0 the slow
+                // path would keep this_cpu).
+                let idle_stamp = if is_online && nr == 0 {
+                    if self.idle_since[i] == 0 {
+                        self.idle_since[i] = now;
+                    }
+                    self.idle_since[i]
+                } else {
+                    self.idle_since[i] = 0;
+                    0
+                };
                 pb::CpuState {
                     id: i as u32,
-                    online: online.contains(&(i as u32)),
+                    online: is_online,
                     nr_running: nr,
                     h_nr_idle: idle,
                     nr_delayed: 0,
@@ -236,7 +263,7 @@ impl Source for Machine {
                     capacity: None,
                     actual_capacity: None,
                     idle_exit_latency: sysfs::idle_exit_latency(&self.sys, i as u32),
-                    idle_stamp: 0,
+                    idle_stamp,
                     curr_is_per_cpu_kthread: false,
                     core_cookie: 0,
                 }
@@ -372,6 +399,8 @@ impl Simulated {
             } else {
                 Some((self.next() % 3) as u32 * 10)
             },
+            // Idle since this sample, as the kernel stamps a CPU going idle.
+            idle_stamp: if nr == 0 { monotonic_ns().max(1) } else { 0 },
             ..Default::default()
         }
     }
@@ -471,6 +500,9 @@ pub struct StreamConfig {
     /// The server's largest accepted message: an update that would be
     /// bigger goes without its task lists.
     pub max_message_bytes: usize,
+    /// TLS towards the server (a node certificate for mutual TLS); read
+    /// again at every reconnect.
+    pub tls: crate::TlsOptions,
 }
 
 /// What a stream reports about itself, for logs, metrics and tests.
@@ -494,12 +526,14 @@ pub async fn stream<S: Source>(
     let mut backoff = floor;
     let mut seq: u64 = 0;
     let mut jitter = seed_from(&cfg.node_id);
+    // What the server refused stays cut across reconnects.
+    let mut shed = limits::Shedding::new();
     loop {
         if *stop.borrow() {
             return;
         }
         let connects = stats.borrow().connects;
-        match run_once(&cfg, &mut source, &mut seq, &mut stop, &stats).await {
+        match run_once(&cfg, &mut source, &mut seq, &mut shed, &mut stop, &stats).await {
             Ok(()) => return,
             Err(e) => {
                 metrics::counter!("fairplace_agent_reconnects_total").increment(1);
@@ -552,16 +586,13 @@ async fn run_once<S: Source>(
     cfg: &StreamConfig,
     source: &mut S,
     seq: &mut u64,
+    shed: &mut limits::Shedding,
     stop: &mut watch::Receiver<bool>,
     stats: &watch::Sender<StreamStats>,
 ) -> Result<(), String> {
-    let uri = if cfg.server.contains("://") {
-        cfg.server.clone()
-    } else {
-        format!("http://{}", cfg.server)
-    };
-    let channel = tonic::transport::Endpoint::from_shared(uri)
-        .map_err(|e| e.to_string())?
+    let channel = cfg
+        .tls
+        .endpoint(&cfg.server)?
         .connect_timeout(Duration::from_secs(3))
         // Notice a silently dropped connection and reconnect.
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -569,16 +600,18 @@ async fn run_once<S: Source>(
         .keep_alive_while_idle(true)
         .connect()
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|e| format!("connect: {e}: {}", crate::source_chain(&e)))?;
     let mut client = AgentServiceClient::new(channel)
         .max_decoding_message_size(16 << 20)
         .max_encoding_message_size(16 << 20);
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
+    let topology = source.topology();
+    let nr_cpus = topology.cpus.len();
     tx.send(pb::AgentMessage {
         body: Some(Body::Register(pb::Register {
             node_id: cfg.node_id.clone(),
             labels: cfg.labels.iter().cloned().collect(),
-            topology: Some(source.topology()),
+            topology: Some(topology),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
         })),
     })
@@ -610,11 +643,22 @@ async fn run_once<S: Source>(
                 Ok(Some(a)) => {
                     if let Some(r) = &a.rejection {
                         metrics::counter!("fairplace_agent_rejections_total", "reason" => r.reason.clone()).increment(1);
-                        tracing::warn!(node = %cfg.node_id, reason = %r.reason, message = %r.message, "update rejected");
                         stats.send_modify(|s| s.rejections += 1);
+                        match shed.rejected(&r.reason, &r.message) {
+                            Some(v) if v.first => tracing::warn!(
+                                node = %cfg.node_id, reason = %r.reason, message = %r.message, part = v.part.name(),
+                                "update rejected: the next update goes without this part and later ones cut it further \
+                                 (further rejections of it are logged at debug level)"
+                            ),
+                            Some(v) => tracing::debug!(node = %cfg.node_id, reason = %r.reason, message = %r.message, part = v.part.name(), "update rejected"),
+                            None => tracing::debug!(node = %cfg.node_id, reason = %r.reason, message = %r.message, "update rejected; resyncing"),
+                        }
                         // The server kept its old state of those CPUs: a
-                        // full snapshot puts both sides in step again.
+                        // full snapshot (without the refused part) puts
+                        // both sides in step again.
                         need_full = true;
+                    } else {
+                        shed.applied();
                     }
                     if a.resync_required {
                         need_full = true;
@@ -635,11 +679,34 @@ async fn run_once<S: Source>(
                     _ => (true, now.clone()),
                 };
                 let report = source.sample_tasks();
+                let skip_tasks = shed.take_skip(limits::Part::Tasks);
+                let skip_runtime = shed.take_skip(limits::Part::Runtime);
                 let (tasks, runtime) = match report {
-                    Some(r) => {
-                        let lists = task_lists(full, last_tasks.as_deref(), &r.cpus);
-                        last_tasks = Some(r.cpus);
-                        (lists, r.runtime)
+                    Some(mut r) => {
+                        let caps = shed.caps(limits::Caps::server(nr_cpus));
+                        let cut = limits::fit(&mut r, nr_cpus, &caps);
+                        if cut.tasks > 0 {
+                            metrics::counter!("fairplace_agent_capped_total", "part" => "tasks").increment(cut.tasks as u64);
+                        }
+                        if cut.runtime > 0 {
+                            metrics::counter!("fairplace_agent_capped_total", "part" => "runtime").increment(cut.runtime as u64);
+                        }
+                        for (skip, part) in [(skip_tasks, "tasks"), (skip_runtime, "runtime")] {
+                            if skip {
+                                metrics::counter!("fairplace_agent_parts_left_out_total", "part" => part).increment(1);
+                            }
+                        }
+                        let lists = if skip_tasks {
+                            // A full update without lists empties the
+                            // server's; the next update sends them all.
+                            last_tasks = None;
+                            Vec::new()
+                        } else {
+                            let lists = task_lists(full, last_tasks.as_deref(), &r.cpus);
+                            last_tasks = Some(r.cpus);
+                            lists
+                        };
+                        (lists, if skip_runtime { Vec::new() } else { r.runtime })
                     }
                     None => (Vec::new(), Vec::new()),
                 };
@@ -666,6 +733,12 @@ async fn run_once<S: Source>(
                     // The server keeps its old lists; the next full update resends them.
                     last_tasks = None;
                 }
+                if prost::Message::encoded_len(&msg) > cfg.max_message_bytes
+                    && let Some(Body::Update(u)) = msg.body.as_mut()
+                {
+                    tracing::warn!(node = %cfg.node_id, runtime = u.runtime.len(), "update too big for the server: sent without runtime");
+                    u.runtime.clear();
+                }
                 let t1 = Instant::now();
                 tokio::select! {
                     r = tx.send(msg) => r.map_err(|_| "the stream closed".to_string())?,
@@ -676,6 +749,33 @@ async fn run_once<S: Source>(
                 stats.send_modify(|s| { s.updates_sent += 1; s.cpus_sent += n; });
                 need_full = false;
                 last = Some(now);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_cpus_carry_the_time_they_were_first_seen_idle() {
+        let Ok(mut m) = Machine::local() else {
+            return;
+        };
+        let t0 = monotonic_ns();
+        let a = m.sample();
+        let b = m.sample();
+        for (x, y) in a.iter().zip(&b) {
+            for s in [x, y] {
+                assert_eq!(s.idle_stamp > 0, s.online && s.nr_running == 0, "{s:?}");
+                assert!(s.idle_stamp == 0 || s.idle_stamp >= t0, "{s:?}");
+            }
+            if x.idle_stamp > 0 && y.idle_stamp > 0 {
+                assert_eq!(
+                    x.idle_stamp, y.idle_stamp,
+                    "still idle since the first sample"
+                );
             }
         }
     }
