@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 pub const DECISIONS: &str = "fairplace_decisions_total";
 pub const DECISION_SCANNED: &str = "fairplace_decision_scanned_cpus";
@@ -42,10 +42,14 @@ pub const CACHE_PREF_CHANGES: &str = "fairplace_cache_preference_changes_total";
 pub const NODE_CACHE_PROCESSES: &str = "fairplace_node_cache_processes_preferring";
 pub const NODE_CACHE_TASKS_PREF: &str = "fairplace_node_cache_tasks_with_preference";
 pub const NODE_CACHE_TASKS_ON_PREF: &str = "fairplace_node_cache_tasks_on_preferred_llc";
+pub const CLAIMS_BY_CALLER: &str = "fairplace_claims_total";
+pub const TLS_HANDSHAKE_FAILURES: &str = "fairplace_tls_handshake_failures_total";
+pub const TLS_RELOADS: &str = "fairplace_tls_reloads_total";
+pub const TLS_RELOAD_ERRORS: &str = "fairplace_tls_reload_errors_total";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 36] = [
+pub const ALL: [(&str, &str, &str); 40] = [
     (
         DECISIONS,
         "counter",
@@ -226,6 +230,26 @@ pub const ALL: [(&str, &str, &str); 36] = [
         "gauge",
         "Reported runnable tasks queued on their process's preferred LLC, by node.",
     ),
+    (
+        CLAIMS_BY_CALLER,
+        "counter",
+        "CPUs claimed (claimed PickCpu, Balance with apply), by caller: the client certificate's name, or anonymous without client authentication.",
+    ),
+    (
+        TLS_HANDSHAKE_FAILURES,
+        "counter",
+        "TLS handshakes on the gRPC port that failed (no or untrusted client certificate, plaintext, bad protocol).",
+    ),
+    (
+        TLS_RELOADS,
+        "counter",
+        "Times a changed TLS certificate, key or client CA was reloaded.",
+    ),
+    (
+        TLS_RELOAD_ERRORS,
+        "counter",
+        "Changed TLS files that could not be used (the current ones were kept).",
+    ),
 ];
 
 /// Records one task_cache_work pass.
@@ -276,15 +300,15 @@ const AGE_BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Installs the global recorder and serves /metrics on `addr`.
-pub fn install(addr: SocketAddr) -> Result<PrometheusHandle, String> {
-    let (recorder, exporter) = builder()?
-        .with_http_listener(addr)
-        .build()
-        .map_err(|e| format!("metrics exporter: {e}"))?;
+/// Installs the global recorder and serves /metrics and /healthz on `addr`
+/// (see [`crate::exposition`]); returns the bound address.
+pub fn install(addr: SocketAddr) -> Result<SocketAddr, String> {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| format!("metrics address {addr}: {e}"))?;
+    let recorder = builder()?.build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|e| format!("metrics recorder: {e}"))?;
-    tokio::spawn(exporter);
+    let bound = crate::exposition::start(handle, listener)?;
     describe();
     // Unlabelled series exist from the start, so a scrape (and an alert on
     // their rate) sees them before the first event.
@@ -295,20 +319,21 @@ pub fn install(addr: SocketAddr) -> Result<PrometheusHandle, String> {
         CLAIM_RETRIES,
         TASKS_REPORTED,
         CACHE_PREF_CHANGES,
+        TLS_HANDSHAKE_FAILURES,
+        TLS_RELOADS,
+        TLS_RELOAD_ERRORS,
     ] {
         metrics::counter!(name).absolute(0);
     }
-    metrics::gauge!(CLAIMS_OUTSTANDING).set(0.0);
-    Ok(handle)
+    metrics::counter!(CLAIMS_BY_CALLER, "caller" => "anonymous").absolute(0);
+    Ok(bound)
 }
 
 fn builder() -> Result<PrometheusBuilder, String> {
-    // Per-node gauges are refreshed every half second while the node is
-    // registered; a forgotten node's series go after five idle minutes.
-    let b = PrometheusBuilder::new().idle_timeout(
-        metrics_util::MetricKindMask::GAUGE,
-        Some(std::time::Duration::from_secs(300)),
-    );
+    // The recorder holds only series whose label values come from fixed
+    // sets; the per-node series are rendered from the store at each scrape
+    // (`exposition`), so nothing here needs to expire.
+    let b = PrometheusBuilder::new();
     let set = |b: PrometheusBuilder, m: &str, buckets: &[f64]| {
         b.set_buckets_for_metric(Matcher::Full(m.to_string()), buckets)
             .map_err(|e| e.to_string())
@@ -324,8 +349,12 @@ fn builder() -> Result<PrometheusBuilder, String> {
 }
 
 /// Help text; must run after the recorder is installed, or it is dropped.
+/// (The store-rendered metrics write their own.)
 fn describe() {
     for (name, kind, help) in ALL {
+        if crate::exposition::STORE_RENDERED.contains(&name) {
+            continue;
+        }
         let unit = if name.ends_with("_seconds") {
             Some(Unit::Seconds)
         } else {

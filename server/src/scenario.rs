@@ -12,6 +12,7 @@ use crate::engine::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationTyp
 use crate::engine::state::{CpuState, NodeState, Policy, SharedHint, Task};
 use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, TopologySpec};
 use crate::engine::{View, can_migrate_task, select_task_rq};
+use crate::quote::{field_key, quote};
 
 /// The largest load, utilisation or flip count a scenario may give.
 const MAX_SIGNAL: i64 = (1 << 31) - 1;
@@ -221,7 +222,7 @@ impl<'a> Obj<'a> {
                     let names: Vec<&str> = opts.iter().map(|(n, _)| *n).collect();
                     FieldError::new(
                         self.field(k),
-                        format!("{s:?} is not one of {}", names.join(", ")),
+                        format!("{} is not one of {}", quote(s), names.join(", ")),
                     )
                 }),
         }
@@ -246,9 +247,9 @@ impl<'a> Obj<'a> {
 
 fn join(path: &str, k: &str) -> String {
     if path.is_empty() {
-        k.to_string()
+        field_key(k).into_owned()
     } else {
-        format!("{path}.{k}")
+        format!("{path}.{}", field_key(k))
     }
 }
 
@@ -377,7 +378,10 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
         other => {
             return Err(FieldError::new(
                 "request.kind",
-                format!("{other:?} is not one of wakeup, fork, exec, can_migrate"),
+                format!(
+                    "{} is not one of wakeup, fork, exec, can_migrate",
+                    quote(other)
+                ),
             ));
         }
     };
@@ -399,7 +403,7 @@ fn parse_features(v: Option<&Value>) -> Result<Features, FieldError> {
         .as_object()
         .ok_or_else(|| FieldError::new("features", "must be an object"))?;
     for (k, val) in map {
-        let field = format!("features.{k}");
+        let field = format!("features.{}", field_key(k));
         let on = val
             .as_bool()
             .ok_or_else(|| FieldError::new(&field, "must be true or false"))?;
@@ -622,14 +626,17 @@ fn parse_hints(
             .as_object()
             .ok_or_else(|| FieldError::new("llc", "must be an object"))?;
         for (k, val) in map {
-            let path = format!("llc.{k}");
+            let path = format!("llc.{}", field_key(k));
             let id: u32 = k
                 .parse()
                 .ok()
                 .filter(|id: &u32| id.to_string() == *k)
                 .filter(|id| topo.spec.cpus.iter().any(|c| c.llc == *id))
                 .ok_or_else(|| {
-                    FieldError::new(&path, format!("{k:?} is not an LLC id of the topology"))
+                    FieldError::new(
+                        &path,
+                        format!("{} is not an LLC id of the topology", quote(k)),
+                    )
                 })?;
             let h = parse_hint(val, &path)?;
             // An LLC without a domain has no object: the entry is accepted and ignored.
@@ -645,7 +652,7 @@ fn parse_hints(
             .as_object()
             .ok_or_else(|| FieldError::new("asym", "must be an object"))?;
         for (k, val) in map {
-            let path = format!("asym.{k}");
+            let path = format!("asym.{}", field_key(k));
             let span =
                 CpuMask::parse_cpulist(k, topo.nr_cpus).map_err(|e| FieldError::new(&path, e))?;
             let idx = topo
@@ -874,7 +881,8 @@ fn parse_migrate_request(
             FieldError::new(
                 "request.sd_level",
                 format!(
-                    "{name:?} is not a domain of CPU {dst} (it has {})",
+                    "{} is not a domain of CPU {dst} (it has {})",
+                    quote(name),
                     names.join(", ")
                 ),
             )
@@ -904,7 +912,7 @@ fn parse_migrate_request(
                     .find(|(_, nm)| *nm == name)
                     .map(|(b, _)| *b)
                     .ok_or_else(|| {
-                        FieldError::new(&field, format!("{name:?} is not a balance flag"))
+                        FieldError::new(&field, format!("{} is not a balance flag", quote(name)))
                     })?;
                 f |= bit;
             }

@@ -255,11 +255,16 @@ impl CpuMask {
 fn parse_id(s: &str) -> Result<usize, String> {
     let s = s.trim();
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{s:?} is not a CPU id"));
+        return Err(format!("{} is not a CPU id", crate::quote::quote(s)));
     }
     match s.parse::<usize>() {
         Ok(v) if v < MAX_CPUS => Ok(v),
-        _ => Err(format!("CPU {s} is out of range (max {})", MAX_CPUS - 1)),
+        // All digits: shown as they are unless too long to echo.
+        _ => Err(format!(
+            "CPU {} is out of range (max {})",
+            crate::quote::field_key(s),
+            MAX_CPUS - 1
+        )),
     }
 }
 

@@ -24,6 +24,7 @@ use crate::engine::lb::{self, DomainParams, GroupType, SdTotals, SgLbStats};
 use crate::engine::migrate::{MigrationType, Reason};
 use crate::engine::state::CpuState;
 use crate::engine::topology::FieldError;
+use crate::quote::quote;
 
 use super::{Snapshot, Store};
 
@@ -154,8 +155,8 @@ impl Store {
             return Err(FieldError::new(
                 "cluster_level",
                 format!(
-                    "{:?} is not a level (levels: {})",
-                    req.level,
+                    "{} is not a level (levels: {})",
+                    quote(&req.level),
                     names.join(", ")
                 ),
             ));
@@ -165,8 +166,8 @@ impl Store {
             return Err(FieldError::new(
                 "cluster_group",
                 format!(
-                    "{:?} must name {} label value(s) from the top, joined by '/'",
-                    req.group,
+                    "{} must name {} label value(s) from the top, joined by '/'",
+                    quote(&req.group),
                     li + 1
                 ),
             ));
@@ -174,7 +175,7 @@ impl Store {
         let Some(group) = self.cluster.group(&path) else {
             return Err(FieldError::new(
                 "cluster_group",
-                format!("no {} {:?} has nodes", req.level, req.group),
+                format!("no {} {} has nodes", req.level, quote(&req.group)),
             ));
         };
         let pct = levels[li].imbalance_pct;

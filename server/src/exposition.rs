@@ -1,0 +1,430 @@
+//! The metrics port: `/metrics` and `/healthz` on a small HTTP/1 server
+//! (hyper).
+//!
+//! `/metrics` is the recorder's series (counters and histograms whose label
+//! values come from fixed sets) followed by the series rendered from the
+//! store at scrape time: the node count by freshness, the claims
+//! outstanding, and every per-node series. Those mirror the store exactly:
+//! a forgotten node's series are gone from the next scrape, and nothing
+//! touches them between scrapes. A scrape is O(nodes) (bounded by
+//! `--max-nodes`), runs off the async workers, and one at a time.
+//!
+//! `/healthz` answers 200 while the server serves and 503 before it starts
+//! and from the moment shutdown begins (for HTTP probes, such as the
+//! kubelet's, that cannot speak gRPC or present a client certificate).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode, header};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::Semaphore;
+
+use crate::metrics as m;
+use crate::store::Store;
+
+/// Connections served at once; more are closed at accept.
+const MAX_CONNECTIONS: usize = 32;
+/// A request's headers must arrive within this long.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection is closed (after the request in flight) after this long, so
+/// idle keep-alive connections cannot hold every slot.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// What a closing connection's request in flight still gets.
+const DRAIN: Duration = Duration::from_secs(15);
+/// How often the recorder drains its histogram buffers between scrapes.
+const UPKEEP: Duration = Duration::from_secs(5);
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+static STORE: RwLock<Weak<Store>> = RwLock::new(Weak::new());
+static SERVING: AtomicBool = AtomicBool::new(false);
+/// One render at a time: concurrent scrapes wait rather than multiply the
+/// O(nodes) work.
+static RENDER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Serves `/metrics` and `/healthz` on `listener` with the recorder behind
+/// `handle`; returns the bound address. Call once, inside a Tokio runtime.
+pub fn start(
+    handle: PrometheusHandle,
+    listener: std::net::TcpListener,
+) -> Result<SocketAddr, String> {
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("metrics listener: {e}"))?;
+    let listener = tokio::net::TcpListener::from_std(listener)
+        .map_err(|e| format!("metrics listener: {e}"))?;
+    HANDLE
+        .set(handle.clone())
+        .map_err(|_| "metrics endpoint: already started".to_string())?;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(UPKEEP);
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    });
+    tokio::spawn(accept_loop(listener));
+    Ok(addr)
+}
+
+/// Renders the store's series from `store` from now on, and turns
+/// `/healthz` to 200. The store is held weakly: a dropped store renders as
+/// an empty one.
+pub fn expose_store(store: &Arc<Store>) {
+    *STORE.write().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(store);
+    set_serving(true);
+}
+
+/// `/healthz` answers 200 while `true`, 503 otherwise (set `false` when
+/// shutdown begins).
+pub fn set_serving(serving: bool) {
+    SERVING.store(serving, Ordering::SeqCst);
+}
+
+pub fn is_serving() -> bool {
+    SERVING.load(Ordering::SeqCst)
+}
+
+/// The whole `/metrics` page: the recorder's series (if a recorder is
+/// installed), then the store's.
+pub fn render() -> String {
+    let mut out = HANDLE
+        .get()
+        .map(PrometheusHandle::render)
+        .unwrap_or_default();
+    let store = STORE
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .upgrade();
+    render_store(store.as_deref(), Instant::now(), &mut out);
+    out
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors and the like: back off, do not spin.
+                tracing::warn!(error = %e, "metrics endpoint: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            continue;
+        };
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), hyper::service::service_fn(answer));
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = tokio::time::sleep(CONNECTION_LIFETIME) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(DRAIN, conn).await;
+                }
+            }
+            drop(slot);
+        });
+    }
+}
+
+async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let get = matches!(*req.method(), Method::GET | Method::HEAD);
+    Ok(match req.uri().path() {
+        "/metrics" if get => {
+            let _one = RENDER.lock().await;
+            match tokio::task::spawn_blocking(render).await {
+                Ok(body) => text(
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    body,
+                ),
+                Err(e) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    format!("render failed: {e}\n"),
+                ),
+            }
+        }
+        "/healthz" if get => {
+            if is_serving() {
+                text(StatusCode::OK, "text/plain", "ok\n".into())
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "not serving\n".into(),
+                )
+            }
+        }
+        "/metrics" | "/healthz" => {
+            let mut r = text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "GET only\n".into(),
+            );
+            r.headers_mut()
+                .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+            r
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found; try /metrics or /healthz\n".into(),
+        ),
+    })
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    r
+}
+
+/// The metrics rendered here rather than by the recorder (the recorder
+/// never holds them, so each family appears once).
+pub const STORE_RENDERED: [&str; 11] = [
+    m::NODES,
+    m::CLAIMS_OUTSTANDING,
+    m::NODE_IDLE_CPUS,
+    m::NODE_NR_RUNNING,
+    m::NODE_SCHED_IDLE_CPUS,
+    m::NODE_LLC_UTIL,
+    m::NODE_STATE_AGE,
+    m::NODE_DECISIONS,
+    m::NODE_CACHE_PROCESSES,
+    m::NODE_CACHE_TASKS_PREF,
+    m::NODE_CACHE_TASKS_ON_PREF,
+];
+
+/// Appends the store's series (families with HELP and TYPE even without
+/// samples; no store renders as an empty one).
+pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
+    // One buffer per family, filled in one pass over the nodes.
+    let mut fam: [String; STORE_RENDERED.len()] = Default::default();
+    let (mut fresh, mut stale, mut claims) = (0usize, 0usize, 0usize);
+    let nodes = store.map(|s| (s, s.nodes())).into_iter();
+    for (store, n) in nodes.flat_map(|(s, ns)| ns.into_iter().map(move |n| (s, n))) {
+        let n = &n;
+        let snap = n.snapshot();
+        if store.is_fresh(&snap, now) {
+            fresh += 1;
+        } else {
+            stale += 1;
+        }
+        claims += snap.claims.iter().map(|(_, k)| *k as usize).sum::<usize>();
+        let node = escape(&n.id);
+        let (mut idle, mut running, mut sched_idle) = (0u64, 0u64, 0u64);
+        let mut llc: BTreeMap<u32, (i64, i64)> = BTreeMap::new();
+        for (i, c) in snap.state.cpus.iter().enumerate() {
+            if !c.online {
+                continue;
+            }
+            idle += c.available_idle() as u64;
+            running += c.nr_running as u64;
+            sched_idle += c.sched_idle_rq() as u64;
+            let e = llc.entry(snap.topo.spec.cpus[i].llc).or_default();
+            e.0 += c.util_avg;
+            e.1 += 1;
+        }
+        let _ = writeln!(fam[2], "{}{{node=\"{node}\"}} {idle}", m::NODE_IDLE_CPUS);
+        let _ = writeln!(
+            fam[3],
+            "{}{{node=\"{node}\"}} {running}",
+            m::NODE_NR_RUNNING
+        );
+        let _ = writeln!(
+            fam[4],
+            "{}{{node=\"{node}\"}} {sched_idle}",
+            m::NODE_SCHED_IDLE_CPUS
+        );
+        for (l, (sum, k)) in llc {
+            let _ = writeln!(
+                fam[5],
+                "{}{{node=\"{node}\",llc=\"{l}\"}} {}",
+                m::NODE_LLC_UTIL,
+                sum / k.max(1)
+            );
+        }
+        if let Some(age) = snap.age(now) {
+            let _ = writeln!(
+                fam[6],
+                "{}{{node=\"{node}\"}} {}",
+                m::NODE_STATE_AGE,
+                age.as_secs_f64()
+            );
+        }
+        for (kind, count) in n.decisions() {
+            if count > 0 {
+                let _ = writeln!(
+                    fam[7],
+                    "{}{{node=\"{node}\",kind=\"{}\"}} {count}",
+                    m::NODE_DECISIONS,
+                    kind.as_str()
+                );
+            }
+        }
+        // Only nodes that report runtime have cache-aware series.
+        if let Some((procs, with, on)) = store.cache_gauges(n) {
+            let _ = writeln!(
+                fam[8],
+                "{}{{node=\"{node}\"}} {procs}",
+                m::NODE_CACHE_PROCESSES
+            );
+            let _ = writeln!(
+                fam[9],
+                "{}{{node=\"{node}\"}} {with}",
+                m::NODE_CACHE_TASKS_PREF
+            );
+            let _ = writeln!(
+                fam[10],
+                "{}{{node=\"{node}\"}} {on}",
+                m::NODE_CACHE_TASKS_ON_PREF
+            );
+        }
+    }
+    let _ = writeln!(fam[0], "{}{{freshness=\"fresh\"}} {fresh}", m::NODES);
+    let _ = writeln!(fam[0], "{}{{freshness=\"stale\"}} {stale}", m::NODES);
+    let _ = writeln!(fam[1], "{} {claims}", m::CLAIMS_OUTSTANDING);
+    for (name, samples) in STORE_RENDERED.iter().zip(&fam) {
+        let (kind, help) = m::ALL
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, k, h)| (*k, *h))
+            .expect("every store-rendered metric is in metrics::ALL");
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        out.push_str(samples);
+        out.push('\n');
+    }
+}
+
+/// A label value in the exposition format: backslash, double quote and
+/// line feed escaped.
+pub fn escape(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return v.into();
+    }
+    let mut s = String::with_capacity(v.len() + 8);
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::decision::Kind;
+    use crate::engine::topology::{CpuTopo, TopologySpec};
+    use crate::store::{StoreConfig, Update};
+
+    fn spec(n: u32, llcs: u32) -> TopologySpec {
+        TopologySpec {
+            cpus: (0..n)
+                .map(|i| CpuTopo {
+                    core: i,
+                    cluster: None,
+                    llc: i % llcs,
+                    node: 0,
+                    capacity: 1024,
+                })
+                .collect(),
+            numa_distance: None,
+        }
+    }
+
+    fn full(n: u32) -> Update {
+        Update {
+            seq: 1,
+            full: true,
+            cpus: (0..n)
+                .map(|i| (i, crate::engine::state::CpuState::idle(1024)))
+                .collect(),
+            ..Update::default()
+        }
+    }
+
+    fn samples(text: &str) -> Vec<&str> {
+        text.lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect()
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("plain-node.1"), "plain-node.1");
+        assert_eq!(escape(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(escape("a\nb"), "a\\nb");
+    }
+
+    #[test]
+    fn the_store_section_mirrors_the_nodes() {
+        let store = Store::new(StoreConfig::default());
+        let now = Instant::now();
+        let mut empty = String::new();
+        render_store(Some(&store), now, &mut empty);
+        for name in STORE_RENDERED {
+            assert!(empty.contains(&format!("# TYPE {name} ")), "{name}");
+        }
+        assert_eq!(
+            samples(&empty),
+            [
+                "fairplace_nodes{freshness=\"fresh\"} 0",
+                "fairplace_nodes{freshness=\"stale\"} 0",
+                "fairplace_claims_outstanding 0",
+            ]
+        );
+        let (a, g) = store
+            .register("a\"1", vec![], "t".into(), spec(4, 2))
+            .unwrap();
+        store.apply(&a, g, &full(4), now).unwrap();
+        a.count_decision(Kind::Wakeup);
+        a.count_decision(Kind::Wakeup);
+        store.register("b", vec![], "t".into(), spec(2, 1)).unwrap();
+        let mut text = String::new();
+        render_store(Some(&store), now, &mut text);
+        let s = samples(&text);
+        for want in [
+            "fairplace_nodes{freshness=\"fresh\"} 1",
+            "fairplace_nodes{freshness=\"stale\"} 1",
+            "fairplace_node_idle_cpus{node=\"a\\\"1\"} 4",
+            "fairplace_node_llc_util{node=\"a\\\"1\",llc=\"1\"} 0",
+            "fairplace_node_decisions_total{node=\"a\\\"1\",kind=\"wakeup\"} 2",
+            "fairplace_node_idle_cpus{node=\"b\"} 2",
+        ] {
+            assert!(s.contains(&want), "{want} missing:\n{text}");
+        }
+        // Only a reported node has an age; b never reported.
+        assert!(text.contains("fairplace_node_state_age_seconds{node=\"a\\\"1\"} 0"));
+        assert!(!text.contains("fairplace_node_state_age_seconds{node=\"b\"}"));
+        // A forgotten node's series are gone at once.
+        store.forget_stale(now + Duration::from_secs(3600));
+        let mut after = String::new();
+        render_store(Some(&store), now, &mut after);
+        assert!(!after.contains("node=\""), "{after}");
+    }
+}
