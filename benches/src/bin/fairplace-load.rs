@@ -4,7 +4,9 @@
 //! then one of:
 //! - `rpc`: PickCpu against a 128-CPU node, and in the same run the no-op
 //!   AdminService.Ping (the framework's own limit), with many concurrent
-//!   callers over several connections; throughput and p50/p99/p99.9.
+//!   callers over several connections; throughput and p50/p99/p99.9. With
+//!   `--transport mtls` over mutual TLS (a PKI made here, an orchestrator
+//!   certificate), with `both` plaintext then mutual TLS in one run.
 //! - `ingest`: many nodes stream deltas as fast as the server acks them;
 //!   applied CPU updates per second.
 //! - `memory`: registers many nodes with a full snapshot each and reads the
@@ -18,6 +20,11 @@
 //!   no-op Ping over gRPC, and in the same run the naive recomputation of
 //!   the same cluster in this process.
 //!
+//! - `attack`: Ping and PickCpu latency on an idle server, then again while
+//!   hostile clients run: callers flooding Decide with a 4,096-CPU topology,
+//!   idle TCP connections that never send a preface, and calls to made-up
+//!   method names; with the series count of /metrics before and after.
+//!
 //! Every loop is bounded in time and count and stops by itself.
 
 use std::io::{BufRead, BufReader};
@@ -27,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use fairplace_client::{Client, pb};
+use fairplace_client::{Client, TlsOptions, pb};
 use hdrhistogram::Histogram;
 use pb::agent_message::Body;
 use tokio::sync::mpsc;
@@ -65,6 +72,9 @@ enum Cmd {
         /// Claim the chosen CPU (a write per call).
         #[arg(long)]
         claim: bool,
+        /// plain, mtls, or both (plaintext, then mutual TLS, same run).
+        #[arg(long, default_value = "plain", value_parser = ["plain", "mtls", "both"])]
+        transport: String,
     },
     /// Agent ingest: nodes stream deltas of all their CPUs.
     Ingest {
@@ -104,6 +114,21 @@ enum Cmd {
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
     },
+    /// Ping and PickCpu latency idle, then under a Decide flood, idle
+    /// connections and unknown-method calls.
+    Attack {
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Callers flooding Decide with the large topology.
+        #[arg(long, default_value_t = 16)]
+        deciders: usize,
+        /// TCP connections opened and left silent.
+        #[arg(long, default_value_t = 500)]
+        idle_connections: usize,
+        /// Calls to made-up method names.
+        #[arg(long, default_value_t = 2000)]
+        unknown_methods: usize,
+    },
     /// Resident memory with many registered nodes.
     Memory {
         #[arg(long, default_value_t = 10_000)]
@@ -122,10 +147,74 @@ struct Server {
     child: Child,
     grpc: String,
     metrics: String,
+    /// Mutual TLS: the PKI's directory and the orchestrator's and node's
+    /// client settings.
+    tls: Option<(std::path::PathBuf, TlsOptions, TlsOptions)>,
 }
 
 impl Server {
     fn start(cpus: &str, threads: usize) -> Server {
+        Self::start_with(cpus, threads, &[])
+    }
+
+    /// A server on mutual TLS, with a PKI made in a temporary directory.
+    fn start_mtls(cpus: &str, threads: usize) -> Server {
+        use fairplace::pki::{Ca, Leaf};
+        let dir = std::env::temp_dir().join(format!("fairplace-load-pki-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = Ca::new("fairplace-load CA").unwrap();
+        ca.pem.write(&dir, "ca").unwrap();
+        let localhost = std::net::IpAddr::from([127, 0, 0, 1]);
+        ca.issue(&Leaf::server(&["localhost"], &[localhost]))
+            .unwrap()
+            .write(&dir, "server")
+            .unwrap();
+        let client = |role: &str, name: &str| {
+            ca.issue(&Leaf::client("fairplace", role, name))
+                .unwrap()
+                .write(&dir, role)
+                .unwrap();
+            TlsOptions {
+                ca: Some(dir.join("ca.crt")),
+                cert: Some(dir.join(format!("{role}.crt"))),
+                key: Some(dir.join(format!("{role}.key"))),
+                server_name: None,
+            }
+        };
+        let orch = client("orchestrator", "load");
+        let node = client("node", "load");
+        let p = |f: &str| dir.join(f).display().to_string();
+        let args = [
+            "--tls-cert".to_string(),
+            p("server.crt"),
+            "--tls-key".into(),
+            p("server.key"),
+            "--client-ca".into(),
+            p("ca.crt"),
+        ];
+        let mut s = Self::start_with(cpus, threads, &args);
+        s.tls = Some((dir, orch, node));
+        s
+    }
+
+    /// A connection as an orchestrator (with mutual TLS when the server has
+    /// it).
+    async fn channel(&self) -> Channel {
+        match &self.tls {
+            None => channel(&self.grpc).await,
+            Some((_, orch, _)) => tls_channel(&self.grpc, orch).await,
+        }
+    }
+
+    /// A connection as node `load`'s agent.
+    async fn node_channel(&self) -> Channel {
+        match &self.tls {
+            None => channel(&self.grpc).await,
+            Some((_, _, node)) => tls_channel(&self.grpc, node).await,
+        }
+    }
+
+    fn start_with(cpus: &str, threads: usize, extra: &[String]) -> Server {
         let exe = std::env::current_exe().expect("own path");
         let bin = exe.with_file_name("fairplace-server");
         assert!(
@@ -154,6 +243,7 @@ impl Server {
                 "67108864",
             ])
             .args(["--worker-threads".to_string(), threads.to_string()])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -178,6 +268,7 @@ impl Server {
             child,
             grpc,
             metrics,
+            tls: None,
         }
     }
 
@@ -196,7 +287,19 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some((dir, _, _)) = &self.tls {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
+}
+
+async fn tls_channel(addr: &str, tls: &TlsOptions) -> Channel {
+    tls.endpoint(addr)
+        .expect("TLS endpoint")
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .expect("connect over TLS")
 }
 
 async fn channel(addr: &str) -> Channel {
@@ -401,7 +504,38 @@ async fn main() {
             connections,
             concurrency,
             claim,
-        } => rpc(&server, seconds, connections, concurrency, claim).await,
+            transport,
+        } => {
+            let mut runs = vec![];
+            if transport != "mtls" {
+                runs.push((
+                    "plaintext",
+                    rpc(&server, seconds, connections, concurrency, claim).await,
+                ));
+            }
+            drop(server);
+            if transport != "plain" {
+                let tls = Server::start_mtls(&args.server_cpus, args.server_threads);
+                runs.push((
+                    "mutual TLS",
+                    rpc(&tls, seconds, connections, concurrency, claim).await,
+                ));
+            }
+            if let [(_, plain), (_, tls)] = runs.as_slice() {
+                println!("# same run: mutual TLS / plaintext");
+                println!(
+                    "ping throughput {:.2}, pick_cpu throughput {:.2}, pick_cpu/ping over mutual TLS {:.2} (plaintext {:.2}); p50 ping {:.1} -> {:.1} µs, pick_cpu {:.1} -> {:.1} µs",
+                    tls.ping.0 / plain.ping.0,
+                    tls.pick.0 / plain.pick.0,
+                    tls.pick.0 / tls.ping.0,
+                    plain.pick.0 / plain.ping.0,
+                    plain.ping.1,
+                    tls.ping.1,
+                    plain.pick.1,
+                    tls.pick.1,
+                );
+            }
+        }
         Cmd::Ingest {
             nodes,
             cpus,
@@ -410,6 +544,21 @@ async fn main() {
             window,
         } => ingest(&server, nodes, cpus, seconds, connections, window).await,
         Cmd::Cache { reports } => cache(&server, reports).await,
+        Cmd::Attack {
+            seconds,
+            deciders,
+            idle_connections,
+            unknown_methods,
+        } => {
+            attack(
+                &server,
+                seconds,
+                deciders,
+                idle_connections,
+                unknown_methods,
+            )
+            .await
+        }
         Cmd::Cluster {
             zones,
             racks,
@@ -444,8 +593,20 @@ async fn main() {
     }
 }
 
-async fn rpc(server: &Server, seconds: u64, connections: usize, concurrency: usize, claim: bool) {
-    let mut reporter = register(channel(&server.grpc).await, "load", 128).await;
+/// Throughput (req/s) and p50 (µs) of Ping and PickCpu.
+struct RpcResult {
+    ping: (f64, f64),
+    pick: (f64, f64),
+}
+
+async fn rpc(
+    server: &Server,
+    seconds: u64,
+    connections: usize,
+    concurrency: usize,
+    claim: bool,
+) -> RpcResult {
+    let mut reporter = register(server.node_channel().await, "load", 128).await;
     reporter
         .tx
         .send(update(1, true, states(128, 7)))
@@ -454,10 +615,15 @@ async fn rpc(server: &Server, seconds: u64, connections: usize, concurrency: usi
     reporter.acks.message().await.unwrap().unwrap();
     let mut clients = Vec::new();
     for _ in 0..connections {
-        clients.push(Client::from_channel(channel(&server.grpc).await));
+        clients.push(Client::from_channel(server.channel().await));
     }
     println!(
-        "# fairplace-load rpc: {connections} connections, {concurrency} callers, {seconds} s per phase"
+        "# fairplace-load rpc ({}): {connections} connections, {concurrency} callers, {seconds} s per phase",
+        if server.tls.is_some() {
+            "mutual TLS"
+        } else {
+            "plaintext"
+        }
     );
     let mut results = Vec::new();
     for phase in ["ping", "pick_cpu"] {
@@ -493,9 +659,199 @@ async fn rpc(server: &Server, seconds: u64, connections: usize, concurrency: usi
             pct(&all, 0.99),
             pct(&all, 0.999)
         );
-        results.push(rps);
+        results.push((rps, pct(&all, 0.5)));
     }
-    println!("pick_cpu / ping throughput: {:.2}", results[1] / results[0]);
+    let ratio = results[1].0 / results[0].0;
+    println!("pick_cpu / ping throughput: {ratio:.2}");
+    RpcResult {
+        ping: results[0],
+        pick: results[1],
+    }
+}
+
+/// A Decide scenario on 4,096 CPUs, each its own core and LLC, in 256
+/// NUMA nodes: the largest shape the server builds.
+fn big_scenario() -> String {
+    let nodes = 256;
+    let cpus: Vec<String> = (0..4096)
+        .map(|i| format!(r#"{{"id":{i},"core":{i},"llc":{i},"node":{}}}"#, i / 16))
+        .collect();
+    let dist: Vec<String> = (0..nodes)
+        .map(|a: i32| {
+            let row: Vec<String> = (0..nodes)
+                .map(|b: i32| {
+                    let d = if a == b {
+                        10
+                    } else if a / 16 == b / 16 {
+                        20
+                    } else {
+                        30
+                    };
+                    d.to_string()
+                })
+                .collect();
+            format!("[{}]", row.join(","))
+        })
+        .collect();
+    format!(
+        r#"{{"version":1,"name":"big","topology":{{"cpus":[{}],"numa_distance":[{}]}},"cpus":[],"task":{{}},"request":{{"kind":"fork","this_cpu":0}}}}"#,
+        cpus.join(","),
+        dist.join(",")
+    )
+}
+
+fn series_count(metrics_url: &str) -> usize {
+    let body = http_body(metrics_url);
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .count()
+}
+
+fn http_body(url: &str) -> String {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let Ok(mut s) = std::net::TcpStream::connect(host) else {
+        return String::new();
+    };
+    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body
+}
+
+async fn attack(server: &Server, seconds: u64, deciders: usize, idle: usize, unknown: usize) {
+    let mut reporter = register(channel(&server.grpc).await, "load", 128).await;
+    reporter
+        .tx
+        .send(update(1, true, states(128, 7)))
+        .await
+        .unwrap();
+    reporter.acks.message().await.unwrap().unwrap();
+    let metrics_url = format!("http://{}/metrics", server.metrics);
+    let probe = Client::from_channel(channel(&server.grpc).await);
+    let pick = || pb::PickCpuRequest {
+        node_id: "load".into(),
+        task: Some(pb::Task {
+            prev_cpu: Some(17),
+            ..Default::default()
+        }),
+        kind: pb::RequestKind::Wakeup as i32,
+        this_cpu: 3,
+        ..Default::default()
+    };
+    // One caller, back to back: what a probe or an orchestrator sees.
+    let measure = |secs: u64| {
+        let probe = probe.clone();
+        async move {
+            let mut ping = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+            let mut pickh = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+            let mut errors = 0u64;
+            let end = Instant::now() + Duration::from_secs(secs);
+            while Instant::now() < end {
+                let t0 = Instant::now();
+                match probe.ping().await {
+                    Ok(()) => ping.record(t0.elapsed().as_nanos() as u64).unwrap(),
+                    Err(_) => errors += 1,
+                }
+                let t0 = Instant::now();
+                match probe.pick_cpu(pick()).await {
+                    Ok(_) => pickh.record(t0.elapsed().as_nanos() as u64).unwrap(),
+                    Err(_) => errors += 1,
+                }
+            }
+            (ping, pickh, errors)
+        }
+    };
+    let series_before = series_count(&metrics_url);
+    let (ping0, pick0, e0) = measure(seconds).await;
+    println!(
+        "# fairplace-load attack: {deciders} Decide callers (4,096 CPUs), {idle} idle connections, {unknown} unknown-method calls"
+    );
+    println!(
+        "idle: ping p50 {:.1} µs p99 {:.1} µs; pick_cpu p50 {:.1} µs p99 {:.1} µs; errors {e0}",
+        pct(&ping0, 0.5),
+        pct(&ping0, 0.99),
+        pct(&pick0, 0.5),
+        pct(&pick0, 0.99)
+    );
+
+    // The attack.
+    let stop = Arc::new(AtomicBool::new(false));
+    let scenario = Arc::new(big_scenario());
+    let (answered, shed, other) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..deciders {
+        let c = Client::from_channel(channel(&server.grpc).await);
+        let (stop, scenario) = (Arc::clone(&stop), Arc::clone(&scenario));
+        let (answered, shed, other) =
+            (Arc::clone(&answered), Arc::clone(&shed), Arc::clone(&other));
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match c.decide(&scenario).await {
+                    Ok(_) => answered.fetch_add(1, Ordering::Relaxed),
+                    Err(s) if s.code() == tonic::Code::ResourceExhausted => {
+                        shed.fetch_add(1, Ordering::Relaxed)
+                    }
+                    Err(_) => other.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+    let grpc = server.grpc.clone();
+    let idle_conns = tokio::task::spawn_blocking(move || {
+        (0..idle)
+            .filter_map(|_| std::net::TcpStream::connect(&grpc).ok())
+            .collect::<Vec<_>>()
+    });
+    let ch = channel(&server.grpc).await;
+    let unknown_calls = tokio::spawn(async move {
+        let mut grpc = tonic::client::Grpc::new(ch);
+        for i in 0..unknown {
+            let path =
+                http::uri::PathAndQuery::try_from(format!("/evil.Service/Method{i}")).unwrap();
+            let _ = grpc.ready().await;
+            let codec = tonic_prost::ProstCodec::<pb::PingRequest, pb::PingResponse>::default();
+            let _ = grpc
+                .unary(tonic::Request::new(pb::PingRequest::default()), path, codec)
+                .await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (ping1, pick1, e1) = measure(seconds).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let _ = unknown_calls.await;
+    let conns = idle_conns.await.unwrap();
+    let series_after = series_count(&metrics_url);
+    println!(
+        "attacked: ping p50 {:.1} µs p99 {:.1} µs; pick_cpu p50 {:.1} µs p99 {:.1} µs; errors {e1}",
+        pct(&ping1, 0.5),
+        pct(&ping1, 0.99),
+        pct(&pick1, 0.5),
+        pct(&pick1, 0.99)
+    );
+    println!(
+        "pick_cpu p99 attacked / idle: {:.1}x; ping p99 attacked / idle: {:.1}x",
+        pct(&pick1, 0.99) / pct(&pick0, 0.99),
+        pct(&ping1, 0.99) / pct(&ping0, 0.99)
+    );
+    println!(
+        "decide: {} answered, {} shed (RESOURCE_EXHAUSTED), {} other errors; {} idle connections opened",
+        answered.load(Ordering::Relaxed),
+        shed.load(Ordering::Relaxed),
+        other.load(Ordering::Relaxed),
+        conns.len()
+    );
+    println!("metrics series: {series_before} before, {series_after} after the attack");
 }
 
 async fn ingest(

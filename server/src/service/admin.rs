@@ -33,15 +33,38 @@ impl Authorize for TokenAuth {
         if method != "SetFeatures" {
             return Ok(());
         }
-        let want = format!("Bearer {token}");
-        match metadata.get("authorization").and_then(|v| v.to_str().ok()) {
-            Some(v) if v == want => Ok(()),
-            Some(_) => Err(Status::permission_denied("authorization: wrong token")),
-            None => Err(Status::unauthenticated(
+        let Some(v) = metadata.get("authorization").map(|v| v.as_bytes()) else {
+            return Err(Status::unauthenticated(
                 "authorization: a bearer token is required",
-            )),
+            ));
+        };
+        // `Bearer` in any case (RFC 9110: the scheme is case-insensitive),
+        // then the token, compared in constant time.
+        let (scheme, given) = match v.iter().position(|b| *b == b' ') {
+            Some(i) => (&v[..i], v[i + 1..].trim_ascii()),
+            None => (v, &[][..]),
+        };
+        if !scheme.eq_ignore_ascii_case(b"bearer") {
+            return Err(Status::unauthenticated(
+                "authorization: expected `Bearer TOKEN`",
+            ));
+        }
+        if constant_time_eq(given, token.as_bytes()) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied("authorization: wrong token"))
         }
     }
+}
+
+/// Equality whose time depends only on the lengths, not on where the first
+/// difference is.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() != b.len()) as u8;
+    for (i, x) in a.iter().enumerate() {
+        diff |= x ^ b.get(i).copied().unwrap_or(0);
+    }
+    std::hint::black_box(diff) == 0
 }
 
 pub struct Admin {
@@ -88,9 +111,12 @@ fn features_pb(f: &Features, overridden: Vec<String>) -> pb::Features {
 
 impl Admin {
     fn node(&self, id: &str) -> Result<Arc<Node>, Status> {
-        self.store
-            .get(id)
-            .ok_or_else(|| Status::not_found(format!("node_id: no node {id:?} is registered")))
+        self.store.get(id).ok_or_else(|| {
+            Status::not_found(format!(
+                "node_id: no node {} is registered",
+                convert::quote(id)
+            ))
+        })
     }
 }
 
@@ -230,5 +256,40 @@ impl AdminService for Admin {
         _: Request<pb::PingRequest>,
     ) -> Result<Response<pb::PingResponse>, Status> {
         Ok(Response::new(pb::PingResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(token: &str, header: Option<&str>) -> Result<(), tonic::Code> {
+        let mut md = MetadataMap::new();
+        if let Some(h) = header {
+            md.insert("authorization", h.parse().unwrap());
+        }
+        TokenAuth {
+            token: Some(token.into()),
+        }
+        .authorize("SetFeatures", &md)
+        .map_err(|s| s.code())
+    }
+
+    #[test]
+    fn the_token_takes_bearer_in_any_case_and_nothing_else() {
+        assert_eq!(check("s3cret", Some("Bearer s3cret")), Ok(()));
+        assert_eq!(check("s3cret", Some("bearer s3cret")), Ok(()));
+        assert_eq!(check("s3cret", Some("BEARER s3cret")), Ok(()));
+        use tonic::Code::{PermissionDenied, Unauthenticated};
+        assert_eq!(check("s3cret", Some("Bearer s3cre")), Err(PermissionDenied));
+        let longer = check("s3cret", Some("Bearer s3cret2"));
+        assert_eq!(longer, Err(PermissionDenied));
+        assert_eq!(check("s3cret", Some("Bearer ")), Err(PermissionDenied));
+        assert_eq!(check("s3cret", Some("Basic s3cret")), Err(Unauthenticated));
+        assert_eq!(check("s3cret", Some("s3cret")), Err(Unauthenticated));
+        assert_eq!(check("s3cret", None), Err(Unauthenticated));
+        assert!(constant_time_eq(b"", b""));
+        assert!(!constant_time_eq(b"a", b""));
+        assert!(!constant_time_eq(b"", b"a"));
     }
 }

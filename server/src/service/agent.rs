@@ -1,27 +1,42 @@
 //! AgentService.Report: one registration, then a stream of full snapshots and
 //! deltas, each answered with an Ack.
+//!
+//! Every stream ends, and always with a reason: no Register within
+//! `register_timeout` (DEADLINE_EXCEEDED), an oversized or undecodable frame
+//! (RESOURCE_EXHAUSTED / INVALID_ARGUMENT), silence past the store's forget
+//! time (the node is forgotten: DEADLINE_EXCEEDED), a newer registration
+//! (ABORTED), or server shutdown (UNAVAILABLE, so agents reconnect elsewhere).
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fairplace_proto::v1 as pb;
 use fairplace_proto::v1::agent_message::Body;
 use fairplace_proto::v1::agent_service_server::AgentService;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
+use super::heavy::HeavyPool;
+use super::identity::{self, Caller};
 use crate::metrics as m;
-use crate::store::{Reject, Store};
+use crate::store::{RegisterError, Reject, Store, Update};
 
 pub struct Agent {
     pub store: Arc<Store>,
+    /// Topology builds (registrations, hotplug updates) run here.
+    pub heavy: HeavyPool,
+    /// A stream must register within this long.
+    pub register_timeout: Duration,
+    /// True once the server shuts down: every stream ends with UNAVAILABLE.
+    pub stopping: watch::Receiver<bool>,
 }
 
 type AckStream = Pin<Box<dyn Stream<Item = Result<pb::Ack, Status>> + Send>>;
+type AckTx = mpsc::Sender<Result<pb::Ack, Box<Status>>>;
 
 fn rejected(reason: &'static str) {
     metrics::counter!(m::REPORTS_REJECTED, "reason" => reason).increment(1);
@@ -32,11 +47,341 @@ fn rejected(reason: &'static str) {
 fn register(
     store: &Store,
     reg: pb::Register,
-) -> Result<(Arc<crate::store::Node>, u64), crate::engine::topology::FieldError> {
+) -> Result<(Arc<crate::store::Node>, u64), RegisterError> {
     let spec = convert::topology_spec(reg.topology.as_ref(), "register.topology")?;
     let mut labels: Vec<(String, String)> = reg.labels.into_iter().collect();
     labels.sort();
     store.register(&reg.node_id, labels, reg.agent_version, spec)
+}
+
+/// A frame the transport could not hand over: too large, or undecodable.
+/// The agent is told which, never a bare end of stream.
+fn frame_error(s: Status) -> Status {
+    match s.code() {
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
+            rejected("oversized");
+            Status::resource_exhausted(format!("message: {}", s.message()))
+        }
+        tonic::Code::Internal | tonic::Code::InvalidArgument => {
+            rejected("undecodable");
+            Status::invalid_argument(format!("message: {}", s.message()))
+        }
+        _ => {
+            rejected("transport");
+            s
+        }
+    }
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("server shutting down; reconnect to another")
+}
+
+/// What one message of a registered stream leads to.
+enum Step {
+    Ack(pb::Ack),
+    End(Status),
+}
+
+/// One agent's stream, from its registration to its end.
+struct ReportStream {
+    store: Arc<Store>,
+    heavy: HeavyPool,
+    stopping: watch::Receiver<bool>,
+    tx: AckTx,
+    /// Who opened the stream: a node certificate reports only its node.
+    caller: Caller,
+}
+
+impl ReportStream {
+    async fn end(&self, s: Status) {
+        let _ = self.tx.send(Err(Box::new(s))).await;
+    }
+
+    async fn run(mut self, mut inbound: Streaming<pb::AgentMessage>, register_timeout: Duration) {
+        let Some((node, generation)) = self.accept_register(&mut inbound, register_timeout).await
+        else {
+            return;
+        };
+        tracing::info!(node = %node.id, cpus = node.spec.cpus.len(), "agent registered");
+        let first = pb::Ack {
+            applied_seq: 0,
+            rejection: None,
+            resync_required: true,
+        };
+        if self.tx.send(Ok(first)).await.is_ok() {
+            self.serve_updates(&mut inbound, &node, generation).await;
+        }
+        self.store.disconnect(&node, generation);
+        tracing::info!(node = %node.id, "agent stream ended");
+    }
+
+    /// The first message: a Register, within `timeout`. Anything else ends
+    /// the stream with a status that says why.
+    async fn accept_register(
+        &mut self,
+        inbound: &mut Streaming<pb::AgentMessage>,
+        timeout: Duration,
+    ) -> Option<(Arc<crate::store::Node>, u64)> {
+        let first = tokio::select! {
+            r = tokio::time::timeout(timeout, inbound.message()) => Some(r),
+            _ = self.stopping.wait_for(|s| *s) => None,
+        };
+        let Some(first) = first else {
+            self.end(shutting_down()).await;
+            return None;
+        };
+        let msg = match first {
+            Err(_) => {
+                rejected("register_timeout");
+                self.end(Status::deadline_exceeded(format!(
+                    "body: no Register within {} ms of opening the stream",
+                    timeout.as_millis()
+                )))
+                .await;
+                return None;
+            }
+            Ok(Ok(Some(m))) => m,
+            Ok(Ok(None)) => return None,
+            Ok(Err(s)) => {
+                self.end(frame_error(s)).await;
+                return None;
+            }
+        };
+        let Some(Body::Register(reg)) = msg.body else {
+            rejected("not_registered");
+            self.end(Status::invalid_argument(
+                "body: the first message must be a Register",
+            ))
+            .await;
+            return None;
+        };
+        if let Err(s) = identity::check_report_node(&self.caller, &reg.node_id) {
+            rejected("permission_denied");
+            tracing::warn!(caller = self.caller.claimant(), node = %convert::quote(&reg.node_id), "registration of another node refused");
+            self.end(s).await;
+            return None;
+        }
+        let store = Arc::clone(&self.store);
+        match self
+            .heavy
+            .run("register", move || register(&store, reg))
+            .await
+        {
+            Ok(Ok(x)) => Some(x),
+            Ok(Err(e)) => {
+                rejected(e.reason());
+                let status = match e {
+                    RegisterError::Invalid(e) => convert::invalid(e),
+                    full @ RegisterError::Full { .. } => {
+                        Status::resource_exhausted(full.to_string())
+                    }
+                };
+                self.end(status).await;
+                None
+            }
+            Err(s) => {
+                rejected("busy");
+                self.end(s).await;
+                None
+            }
+        }
+    }
+
+    /// Updates until the agent closes, goes silent past the forget time, is
+    /// superseded, or the server stops.
+    async fn serve_updates(
+        &mut self,
+        inbound: &mut Streaming<pb::AgentMessage>,
+        node: &Arc<crate::store::Node>,
+        generation: u64,
+    ) {
+        let silence = self.store.config.forget_after;
+        loop {
+            let next = tokio::select! {
+                r = tokio::time::timeout(silence, inbound.message()) => Some(r),
+                _ = self.stopping.wait_for(|s| *s) => None,
+            };
+            let Some(next) = next else {
+                self.end(shutting_down()).await;
+                return;
+            };
+            let msg = match next {
+                Err(_) => {
+                    // A stream that stays open but says nothing does not keep
+                    // its node alive.
+                    self.store.forget_node(node, generation);
+                    rejected("silent");
+                    self.end(Status::deadline_exceeded(format!(
+                        "no report for {} s: node {} forgotten; reconnect and register again",
+                        silence.as_secs(),
+                        node.id
+                    )))
+                    .await;
+                    return;
+                }
+                Ok(Ok(Some(m))) => m,
+                Ok(Ok(None)) => return,
+                Ok(Err(s)) => {
+                    self.end(frame_error(s)).await;
+                    return;
+                }
+            };
+            let step = match msg.body {
+                Some(Body::Update(u)) => self.on_update(node, generation, u).await,
+                Some(Body::Register(_)) => {
+                    rejected("invalid");
+                    Step::End(Status::invalid_argument(
+                        "body: already registered; a topology change is a new registration on a new stream",
+                    ))
+                }
+                None => {
+                    rejected("invalid");
+                    Step::Ack(pb::Ack {
+                        applied_seq: node.last_seq(),
+                        resync_required: false,
+                        rejection: Some(pb::Rejection {
+                            reason: "invalid".into(),
+                            message: "body: empty message".into(),
+                        }),
+                    })
+                }
+            };
+            match step {
+                Step::Ack(ack) => {
+                    if self.tx.send(Ok(ack)).await.is_err() {
+                        return;
+                    }
+                }
+                Step::End(s) => {
+                    self.end(s).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Validates and applies one update; a refusal is an Ack with a
+    /// rejection (the stream goes on), except where the stream must end.
+    async fn on_update(
+        &self,
+        node: &Arc<crate::store::Node>,
+        generation: u64,
+        u: pb::Update,
+    ) -> Step {
+        if !u.node_id.is_empty()
+            && let Err(s) = identity::check_report_node(&self.caller, &u.node_id)
+        {
+            rejected("permission_denied");
+            return Step::End(s);
+        }
+        if !u.node_id.is_empty() && u.node_id != node.id {
+            rejected("wrong_node");
+            return Step::End(Status::invalid_argument(format!(
+                "update.node_id: {} is not the node this stream registered ({})",
+                convert::quote(&u.node_id),
+                convert::quote(&node.id)
+            )));
+        }
+        let t0 = Instant::now();
+        let update = match convert::update(&u, &node.spec) {
+            Ok(x) => x,
+            Err(e) => {
+                rejected("invalid");
+                return Step::Ack(rejection_ack(node, "invalid", e.to_string(), false));
+            }
+        };
+        let (applied, update) = self.apply(node, generation, update, t0).await;
+        match applied {
+            Ok(_) => {
+                let kind = if u.full { "full" } else { "delta" };
+                metrics::counter!(m::REPORTS_APPLIED, "kind" => kind).increment(1);
+                metrics::counter!(m::CPU_UPDATES).increment(u.cpus.len() as u64);
+                metrics::histogram!(m::REPORT_APPLY_DURATION).record(t0.elapsed().as_secs_f64());
+                let tasks: usize = update.tasks.iter().map(|l| l.tasks.len()).sum();
+                metrics::counter!(m::TASKS_REPORTED).increment(tasks as u64);
+                for r in self.store.account(node, &update.runtime, t0) {
+                    m::record_cache_scan(&r);
+                }
+                Step::Ack(pb::Ack {
+                    applied_seq: u.seq,
+                    rejection: None,
+                    resync_required: false,
+                })
+            }
+            Err(Reject::Superseded) => {
+                if self.store.get(&node.id).is_none() {
+                    rejected("forgotten");
+                    return Step::End(Status::failed_precondition(
+                        "node_id: this node was forgotten (silent too long); register again",
+                    ));
+                }
+                rejected("superseded");
+                Step::End(Status::aborted(Reject::Superseded.to_string()))
+            }
+            Err(Reject::Busy(s)) => {
+                rejected("busy");
+                Step::Ack(rejection_ack(node, "busy", s, false))
+            }
+            Err(r) => {
+                rejected(r.reason());
+                let resync = matches!(r, Reject::OutOfSequence { .. });
+                Step::Ack(rejection_ack(node, r.reason(), r.to_string(), resync))
+            }
+        }
+    }
+
+    /// Applies an update; one that changes which CPUs are online rebuilds
+    /// the domain tree, so it runs in the heavy pool.
+    async fn apply(
+        &self,
+        node: &Arc<crate::store::Node>,
+        generation: u64,
+        update: Update,
+        t0: Instant,
+    ) -> (Result<u64, Reject>, Update) {
+        let snap = node.snapshot();
+        let hotplug = update
+            .cpus
+            .iter()
+            .any(|(i, c)| c.online != snap.topo.online.test(*i as usize));
+        drop(snap);
+        if !hotplug {
+            let r = self.store.apply(node, generation, &update, t0);
+            return (r, update);
+        }
+        let (store, n) = (Arc::clone(&self.store), Arc::clone(node));
+        match self
+            .heavy
+            .run("topology", move || {
+                let r = store.apply(&n, generation, &update, t0);
+                (r, update)
+            })
+            .await
+        {
+            Ok(x) => x,
+            Err(s) => (
+                Err(Reject::Busy(s.message().to_string())),
+                Update::default(),
+            ),
+        }
+    }
+}
+
+fn rejection_ack(
+    node: &crate::store::Node,
+    reason: &str,
+    message: String,
+    resync: bool,
+) -> pb::Ack {
+    pb::Ack {
+        applied_seq: node.last_seq(),
+        resync_required: resync,
+        rejection: Some(pb::Rejection {
+            reason: reason.into(),
+            message,
+        }),
+    }
 }
 
 #[tonic::async_trait]
@@ -47,160 +392,19 @@ impl AgentService for Agent {
         &self,
         req: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<AckStream>, Status> {
-        let mut inbound = req.into_inner();
-        let store = Arc::clone(&self.store);
+        let caller = Caller::of(req.extensions());
+        let inbound = req.into_inner();
         // Acks are small and the agent waits for them; errors are boxed so
         // the channel's slot blocks stay small with thousands of streams.
         let (tx, rx) = mpsc::channel::<Result<pb::Ack, Box<Status>>>(4);
-        tokio::spawn(async move {
-            let first = match inbound.message().await {
-                Ok(Some(m)) => m,
-                _ => return,
-            };
-            let Some(Body::Register(reg)) = first.body else {
-                rejected("not_registered");
-                let _ = tx
-                    .send(Err(Box::new(Status::invalid_argument(
-                        "body: the first message must be a Register",
-                    ))))
-                    .await;
-                return;
-            };
-            let registered = register(&store, reg);
-            let (node, generation) = match registered {
-                Ok(x) => x,
-                Err(e) => {
-                    rejected("invalid");
-                    let _ = tx.send(Err(Box::new(convert::invalid(e)))).await;
-                    return;
-                }
-            };
-            tracing::info!(node = %node.id, cpus = node.spec.cpus.len(), "agent registered");
-            if tx
-                .send(Ok(pb::Ack {
-                    applied_seq: 0,
-                    rejection: None,
-                    resync_required: true,
-                }))
-                .await
-                .is_err()
-            {
-                store.disconnect(&node, generation);
-                return;
-            }
-            loop {
-                let msg = match inbound.message().await {
-                    Ok(Some(m)) => m,
-                    Ok(None) => break,
-                    Err(s) => {
-                        // Oversized or undecodable: tell the agent why the
-                        // stream ends.
-                        rejected(if s.code() == tonic::Code::OutOfRange {
-                            "oversized"
-                        } else {
-                            "transport"
-                        });
-                        let _ = tx.send(Err(Box::new(s))).await;
-                        break;
-                    }
-                };
-                let ack = match msg.body {
-                    Some(Body::Update(u)) => {
-                        if !u.node_id.is_empty() && u.node_id != node.id {
-                            rejected("wrong_node");
-                            let _ = tx.send(Err(Box::new(Status::invalid_argument(format!(
-                                    "update.node_id: {:?} is not the node this stream registered ({:?})",
-                                    u.node_id, node.id
-                                )))))
-                                .await;
-                            break;
-                        }
-                        let t0 = Instant::now();
-                        let update = match convert::update(&u, &node.spec) {
-                            Ok(x) => x,
-                            Err(e) => {
-                                rejected("invalid");
-                                let ack = pb::Ack {
-                                    applied_seq: node.last_seq(),
-                                    resync_required: false,
-                                    rejection: Some(pb::Rejection {
-                                        reason: "invalid".into(),
-                                        message: e.to_string(),
-                                    }),
-                                };
-                                if tx.send(Ok(ack)).await.is_err() {
-                                    break;
-                                }
-                                continue;
-                            }
-                        };
-                        match store.apply(&node, generation, &update, t0) {
-                            Ok(_) => {
-                                let kind = if u.full { "full" } else { "delta" };
-                                metrics::counter!(m::REPORTS_APPLIED, "kind" => kind).increment(1);
-                                metrics::counter!(m::CPU_UPDATES).increment(u.cpus.len() as u64);
-                                metrics::histogram!(m::REPORT_APPLY_DURATION)
-                                    .record(t0.elapsed().as_secs_f64());
-                                let tasks: usize = update.tasks.iter().map(|l| l.tasks.len()).sum();
-                                metrics::counter!(m::TASKS_REPORTED).increment(tasks as u64);
-                                for r in store.account(&node, &update.runtime, t0) {
-                                    m::record_cache_scan(&r);
-                                }
-                                pb::Ack {
-                                    applied_seq: u.seq,
-                                    rejection: None,
-                                    resync_required: false,
-                                }
-                            }
-                            Err(Reject::Superseded) => {
-                                rejected("superseded");
-                                let _ = tx
-                                    .send(Err(Box::new(Status::aborted(
-                                        Reject::Superseded.to_string(),
-                                    ))))
-                                    .await;
-                                break;
-                            }
-                            Err(r) => {
-                                rejected(r.reason());
-                                pb::Ack {
-                                    applied_seq: node.last_seq(),
-                                    resync_required: matches!(r, Reject::OutOfSequence { .. }),
-                                    rejection: Some(pb::Rejection {
-                                        reason: r.reason().to_string(),
-                                        message: r.to_string(),
-                                    }),
-                                }
-                            }
-                        }
-                    }
-                    Some(Body::Register(_)) => {
-                        rejected("invalid");
-                        let _ = tx.send(Err(Box::new(Status::invalid_argument(
-                                "body: already registered; a topology change is a new registration on a new stream",
-                            ))))
-                            .await;
-                        break;
-                    }
-                    None => {
-                        rejected("invalid");
-                        pb::Ack {
-                            applied_seq: node.last_seq(),
-                            resync_required: false,
-                            rejection: Some(pb::Rejection {
-                                reason: "invalid".into(),
-                                message: "body: empty message".into(),
-                            }),
-                        }
-                    }
-                };
-                if tx.send(Ok(ack)).await.is_err() {
-                    break;
-                }
-            }
-            store.disconnect(&node, generation);
-            tracing::info!(node = %node.id, "agent stream ended");
-        });
+        let stream = ReportStream {
+            store: Arc::clone(&self.store),
+            heavy: self.heavy.clone(),
+            stopping: self.stopping.clone(),
+            tx,
+            caller,
+        };
+        tokio::spawn(stream.run(inbound, self.register_timeout));
         Ok(Response::new(Box::pin(
             ReceiverStream::new(rx).map(|r| r.map_err(|s| *s)),
         )))

@@ -22,6 +22,9 @@ pub fn invalid(e: FieldError) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
+/// Quoting client strings in errors (kept here for the service's callers).
+pub use crate::quote::{QUOTE_BYTES, field_key, quote};
+
 fn err(field: impl Into<String>, msg: impl Into<String>) -> FieldError {
     FieldError::new(field, msg)
 }
@@ -345,8 +348,8 @@ pub fn migrate_request(
             err(
                 "sd_level",
                 format!(
-                    "{:?} is not a domain of CPU {dst} (it has {})",
-                    r.sd_level,
+                    "{} is not a domain of CPU {dst} (it has {})",
+                    quote(&r.sd_level),
                     names.join(", ")
                 ),
             )
@@ -365,7 +368,7 @@ pub fn migrate_request(
                 .ok_or_else(|| {
                     err(
                         format!("flags[{i}]"),
-                        format!("{name:?} is not a balance flag"),
+                        format!("{} is not a balance flag", quote(name)),
                     )
                 })?;
         }

@@ -1,8 +1,9 @@
 //! tower layers around every gRPC service: load shedding under a concurrency
 //! limit, and request metrics. (The per-request timeout is tonic's own.)
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -14,17 +15,32 @@ use crate::metrics as m;
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
+/// The gRPC health service's path prefix.
+const HEALTH_PREFIX: &str = "/grpc.health.v1.Health/";
+
+/// Calls whose cost grows with their input: each also needs a heavy slot.
+const HEAVY_PATHS: [&str; 2] = [
+    "/fairplace.v1.PlacementService/Decide",
+    "/fairplace.v1.PlacementService/Balance",
+];
+
 /// Refuses a request at once with RESOURCE_EXHAUSTED when `limit` requests
-/// are already in flight: no queue builds up behind a slow server.
+/// are already in flight: no queue builds up behind a slow server. Heavy
+/// calls (Decide, Balance) are limited again by `heavy_limit`, checked here,
+/// before their body is read, so a flood of large requests is refused for
+/// the price of its headers; the heavy pool then bounds how many run at
+/// once. Health checks are never shed.
 #[derive(Clone)]
 pub struct ShedLayer {
     permits: Arc<Semaphore>,
+    heavy: Arc<Semaphore>,
 }
 
 impl ShedLayer {
-    pub fn new(limit: usize) -> Self {
+    pub fn new(limit: usize, heavy_limit: usize) -> Self {
         Self {
             permits: Arc::new(Semaphore::new(limit)),
+            heavy: Arc::new(Semaphore::new(heavy_limit.max(1))),
         }
     }
 }
@@ -35,6 +51,7 @@ impl<S> Layer<S> for ShedLayer {
         Shed {
             inner,
             permits: Arc::clone(&self.permits),
+            heavy: Arc::clone(&self.heavy),
         }
     }
 }
@@ -43,12 +60,23 @@ impl<S> Layer<S> for ShedLayer {
 pub struct Shed<S> {
     inner: S,
     permits: Arc<Semaphore>,
+    heavy: Arc<Semaphore>,
+}
+
+fn shed<RB: Default + Send + 'static, E: Send + 'static>(
+    limit: &'static str,
+    msg: &'static str,
+) -> BoxFuture<http::Response<RB>, E> {
+    metrics::counter!(m::RPC_SHED, "limit" => limit).increment(1);
+    let resp = Status::resource_exhausted(msg).into_http::<RB>();
+    Box::pin(async move { Ok(resp) })
 }
 
 impl<S, B, RB> Service<http::Request<B>> for Shed<S>
 where
     S: Service<http::Request<B>, Response = http::Response<RB>> + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
     RB: Default + Send + 'static,
 {
     type Response = http::Response<RB>;
@@ -60,24 +88,37 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        match Arc::clone(&self.permits).try_acquire_owned() {
-            Ok(permit) => {
-                let fut = self.inner.call(req);
-                Box::pin(async move {
-                    let r = fut.await;
-                    drop(permit);
-                    r
-                })
-            }
-            Err(_) => {
-                metrics::counter!(m::RPC_SHED).increment(1);
-                let resp = Status::resource_exhausted(
-                    "server overloaded: concurrency limit reached, retry later",
-                )
-                .into_http::<RB>();
-                Box::pin(async move { Ok(resp) })
-            }
+        let path = req.uri().path();
+        // Health is never behind the limit: an overloaded server that fails
+        // its liveness probe gets restarted, which makes the overload worse.
+        if path.starts_with(HEALTH_PREFIX) {
+            return Box::pin(self.inner.call(req));
         }
+        let heavy = if HEAVY_PATHS.contains(&path) {
+            match Arc::clone(&self.heavy).try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    return shed(
+                        "heavy",
+                        "server busy: the limit of concurrent Decide/Balance calls is reached, retry later",
+                    );
+                }
+            }
+        } else {
+            None
+        };
+        let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
+            return shed(
+                "concurrency",
+                "server overloaded: concurrency limit reached, retry later",
+            );
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let r = fut.await;
+            drop((permit, heavy));
+            r
+        })
     }
 }
 
@@ -97,13 +138,51 @@ pub struct Metered<S> {
     inner: S,
 }
 
-/// `/fairplace.v1.PlacementService/PickCpu` -> `PlacementService/PickCpu`.
-fn method_name(path: &str) -> String {
-    let mut parts = path.trim_start_matches('/').splitn(2, '/');
-    let service = parts.next().unwrap_or("");
-    let method = parts.next().unwrap_or("");
-    let service = service.rsplit('.').next().unwrap_or(service);
-    format!("{service}/{method}")
+/// The method label of every call to a path nobody serves: the path is the
+/// client's to choose, so it never becomes a label value itself.
+pub const UNKNOWN_METHOD: &str = "unknown";
+
+/// The method label of each gRPC path the server serves (the fairplace.v1
+/// services, grpc.health.v1.Health and both reflection services), read once
+/// from their descriptor sets: `/fairplace.v1.PlacementService/PickCpu` ->
+/// `PlacementService/PickCpu`.
+static METHODS: LazyLock<HashMap<String, &'static str>> = LazyLock::new(|| {
+    use prost::Message as _;
+    let mut methods = HashMap::new();
+    for fds in [
+        fairplace_proto::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+    ] {
+        let set = prost_types::FileDescriptorSet::decode(fds).expect("a built-in descriptor set");
+        for file in set.file {
+            let package = file.package().to_string();
+            for service in &file.service {
+                let full = if package.is_empty() {
+                    service.name().to_string()
+                } else {
+                    format!("{package}.{}", service.name())
+                };
+                for method in &service.method {
+                    let label = format!("{}/{}", service.name(), method.name());
+                    // A fixed set, made once: leaked so each call's label
+                    // is a static string.
+                    methods.insert(
+                        format!("/{full}/{}", method.name()),
+                        &*Box::leak(label.into_boxed_str()),
+                    );
+                }
+            }
+        }
+    }
+    methods
+});
+
+/// The method label of a request path: the served method's name, or
+/// [`UNKNOWN_METHOD`].
+fn method_name(path: &str) -> &'static str {
+    METHODS.get(path).copied().unwrap_or(UNKNOWN_METHOD)
 }
 
 fn code_name(code: &str) -> &'static str {
@@ -159,8 +238,7 @@ where
                     .map_or("OK", code_name),
                 Err(_) => "Internal",
             };
-            metrics::counter!(m::RPC_REQUESTS, "method" => method.clone(), "code" => code)
-                .increment(1);
+            metrics::counter!(m::RPC_REQUESTS, "method" => method, "code" => code).increment(1);
             metrics::histogram!(m::RPC_DURATION, "method" => method)
                 .record(t0.elapsed().as_secs_f64());
             r
@@ -180,7 +258,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(300)).await;
             Ok::<_, std::convert::Infallible>(http::Response::new(String::from("done")))
         });
-        let svc = ShedLayer::new(1).layer(slow);
+        let svc = ShedLayer::new(1, 1).layer(slow);
         let first = tokio::spawn(svc.clone().oneshot(http::Request::new(())));
         tokio::time::sleep(Duration::from_millis(50)).await;
         let t0 = Instant::now();
@@ -202,7 +280,93 @@ mod tests {
             "PlacementService/PickCpu"
         );
         assert_eq!(method_name("/grpc.health.v1.Health/Check"), "Health/Check");
+        assert_eq!(
+            method_name("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            "ServerReflection/ServerReflectionInfo"
+        );
+        assert_eq!(
+            method_name("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"),
+            "ServerReflection/ServerReflectionInfo"
+        );
+        for svc in ["PlacementService", "AgentService", "AdminService"] {
+            assert!(
+                METHODS
+                    .keys()
+                    .any(|p| p.starts_with(&format!("/fairplace.v1.{svc}/"))),
+                "{svc}"
+            );
+        }
+        assert_eq!(
+            method_name("/fairplace.v1.AgentService/Report"),
+            "AgentService/Report"
+        );
+    }
+
+    #[test]
+    fn paths_nobody_serves_share_one_label() {
+        for path in [
+            "/fairplace.v1.PlacementService/MadeUp",
+            "/made.up.Service/PickCpu",
+            "/PlacementService/PickCpu",
+            "/fairplace.v1.PlacementService/PickCpu/extra",
+            "/",
+            "",
+        ] {
+            assert_eq!(method_name(path), UNKNOWN_METHOD, "{path}");
+        }
         assert_eq!(code_name("3"), "InvalidArgument");
         assert_eq!(code_name("99"), "Unknown");
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+    use std::convert::Infallible;
+
+    /// A service whose calls never finish, and one that answers at once.
+    #[derive(Clone)]
+    struct Stuck;
+
+    impl Service<http::Request<()>> for Stuck {
+        type Response = http::Response<()>;
+        type Error = Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<()>) -> Self::Future {
+            let health = req.uri().path().starts_with(HEALTH_PREFIX);
+            Box::pin(async move {
+                if !health {
+                    std::future::pending::<()>().await;
+                }
+                Ok(http::Response::new(()))
+            })
+        }
+    }
+
+    fn req(path: &str) -> http::Request<()> {
+        http::Request::builder().uri(path).body(()).unwrap()
+    }
+
+    fn grpc_status(r: &http::Response<()>) -> Option<&str> {
+        r.headers().get("grpc-status").and_then(|v| v.to_str().ok())
+    }
+
+    #[tokio::test]
+    async fn at_the_limit_calls_are_shed_but_health_checks_pass() {
+        let mut svc = ShedLayer::new(1, 1).layer(Stuck);
+        // The only permit is taken by a call that never finishes.
+        let stuck = tokio::spawn(svc.call(req("/fairplace.v1.PlacementService/Decide")));
+        tokio::task::yield_now().await;
+        let shed = svc
+            .call(req("/fairplace.v1.PlacementService/PickCpu"))
+            .await
+            .unwrap();
+        assert_eq!(grpc_status(&shed), Some("8"), "RESOURCE_EXHAUSTED");
+        let health = svc.call(req("/grpc.health.v1.Health/Check")).await.unwrap();
+        assert_eq!(grpc_status(&health), None, "health reached the service");
+        stuck.abort();
     }
 }

@@ -9,6 +9,8 @@ use fairplace_proto::v1::placement_service_server::PlacementService;
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use super::heavy::HeavyPool;
+use super::identity::{self, Caller};
 use crate::cluster::ClusterRequest;
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::{View, can_migrate_task, select_task_rq};
@@ -22,6 +24,8 @@ const CLAIM_ATTEMPTS: usize = 64;
 
 pub struct Placement {
     pub store: Arc<Store>,
+    /// Decide and Balance run here, off the async workers.
+    pub heavy: HeavyPool,
 }
 
 impl Placement {
@@ -76,8 +80,8 @@ impl Placement {
                 .record(p.scanned as f64);
             metrics::histogram!(m::DECISION_DURATION, "kind" => kind).record(took);
             metrics::histogram!(m::DECISION_STATE_AGE).record(age);
-            metrics::counter!(m::NODE_DECISIONS, "node" => node.id.clone(), "kind" => kind)
-                .increment(1);
+            // Per node: kept on the node, rendered at scrape time.
+            node.count_decision(preq.kind);
             let mut resp = convert::pick_response(&p, &snap, age);
             resp.node_id = node.id.clone();
             return Ok(resp);
@@ -130,7 +134,8 @@ impl Placement {
         for (k, v) in &r.selector {
             if !levels.contains(&k.as_str()) {
                 return Err(Status::invalid_argument(format!(
-                    "selector.{k}: only the hierarchy's labels ({}) can select",
+                    "selector.{}: only the hierarchy's labels ({}) can select",
+                    convert::field_key(k),
                     levels.join(", ")
                 )));
             }
@@ -142,8 +147,8 @@ impl Placement {
         } else {
             let o = self.node(&r.origin_node).map_err(|_| {
                 Status::not_found(format!(
-                    "origin_node: no node {:?} is registered",
-                    r.origin_node
+                    "origin_node: no node {} is registered",
+                    convert::quote(&r.origin_node)
                 ))
             })?;
             Some((self.store.cluster.path(&o.labels), o.id.clone()))
@@ -176,9 +181,12 @@ impl Placement {
         if id.is_empty() {
             return Err(Status::invalid_argument("node_id: must not be empty"));
         }
-        self.store
-            .get(id)
-            .ok_or_else(|| Status::not_found(format!("node_id: no node {id:?} is registered")))
+        self.store.get(id).ok_or_else(|| {
+            Status::not_found(format!(
+                "node_id: no node {} is registered",
+                convert::quote(id)
+            ))
+        })
     }
 
     /// The node's current snapshot, refused when it is stale.
@@ -186,13 +194,13 @@ impl Placement {
         let snap = node.snapshot();
         match snap.age(now) {
             None => Err(Status::failed_precondition(format!(
-                "node {:?} has not reported its state yet",
-                node.id
+                "node {} has not reported its state yet",
+                convert::quote(&node.id)
             ))),
             Some(age) if age > self.store.config.stale_after => {
                 Err(Status::failed_precondition(format!(
-                    "node {:?} is stale: last report {:.3} s ago (TTL {:.3} s)",
-                    node.id,
+                    "node {} is stale: last report {:.3} s ago (TTL {:.3} s)",
+                    convert::quote(&node.id),
                     age.as_secs_f64(),
                     self.store.config.stale_after.as_secs_f64()
                 )))
@@ -208,12 +216,19 @@ impl PlacementService for Placement {
         &self,
         req: Request<pb::PickCpuRequest>,
     ) -> Result<Response<pb::PickCpuResponse>, Status> {
+        let caller = Caller::of(req.extensions());
         let r = req.into_inner();
-        if !r.node_id.is_empty() {
+        let claim = r.claim;
+        let resp = if !r.node_id.is_empty() {
             let node = self.node(&r.node_id)?;
-            return self.pick_on(&node, &r).await.map(Response::new);
+            self.pick_on(&node, &r).await?
+        } else {
+            self.pick_on_cluster(r).await?
+        };
+        if claim {
+            count_claims(&caller, 1);
         }
-        self.pick_on_cluster(r).await.map(Response::new)
+        Ok(Response::new(resp))
     }
 
     async fn can_migrate(
@@ -241,7 +256,11 @@ impl PlacementService for Placement {
         &self,
         req: Request<pb::BalanceRequest>,
     ) -> Result<Response<pb::BalanceResponse>, Status> {
+        let caller = Caller::of(req.extensions());
         let r = req.into_inner();
+        if r.apply {
+            identity::check_apply(&caller)?;
+        }
         let store = Arc::clone(&self.store);
         if r.node_id.is_empty() {
             if r.cluster_level.is_empty() {
@@ -261,9 +280,10 @@ impl PlacementService for Placement {
                 max_proposals: r.max_proposals as usize,
             };
             let t0 = Instant::now();
-            let out = tokio::task::spawn_blocking(move || store.cluster_balance(&creq, t0))
-                .await
-                .map_err(|e| Status::internal(format!("balance task: {e}")))?
+            let out = self
+                .heavy
+                .run("balance", move || store.cluster_balance(&creq, t0))
+                .await?
                 .map_err(convert::invalid)?;
             m::record_balance(
                 "cluster",
@@ -273,6 +293,9 @@ impl PlacementService for Placement {
                     .map(|p| (p.migration_type.as_str(), false)),
                 t0.elapsed().as_secs_f64(),
             );
+            if r.apply {
+                count_claims(&caller, out.proposals.len());
+            }
             return Ok(Response::new(convert::cluster_balance_response(&out)));
         }
         if !r.cluster_level.is_empty() || !r.cluster_group.is_empty() {
@@ -291,13 +314,14 @@ impl PlacementService for Placement {
         };
         let t0 = Instant::now();
         let n = Arc::clone(&node);
-        let out = tokio::task::spawn_blocking(move || store.try_balance(&n, &breq, t0))
-            .await
-            .map_err(|e| Status::internal(format!("balance task: {e}")))?
+        let out = self
+            .heavy
+            .run("balance", move || store.try_balance(&n, &breq, t0))
+            .await?
             .ok_or_else(|| {
                 Status::aborted(format!(
                     "node_id: a balance pass of {} is already running; try again",
-                    r.node_id
+                    convert::quote(&r.node_id)
                 ))
             })?;
         m::record_balance(
@@ -308,6 +332,9 @@ impl PlacementService for Placement {
                 .map(|p| (p.migration_type.as_str(), p.active)),
             t0.elapsed().as_secs_f64(),
         );
+        if r.apply {
+            count_claims(&caller, out.proposals.len());
+        }
         Ok(Response::new(convert::balance_response(&out, &node.id)))
     }
 
@@ -316,11 +343,26 @@ impl PlacementService for Placement {
         req: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
         let r = req.into_inner();
-        let v: serde_json::Value = serde_json::from_str(&r.scenario_json)
-            .map_err(|e| Status::invalid_argument(format!("scenario_json: malformed JSON: {e}")))?;
-        let answer = decide_value(&v).map_err(convert::invalid)?;
+        // Parsing, the topology build and the decision all scale with the
+        // scenario's size: all of it runs in the heavy pool.
+        let answer = self
+            .heavy
+            .run("decide", move || {
+                let v: serde_json::Value = serde_json::from_str(&r.scenario_json).map_err(|e| {
+                    Status::invalid_argument(format!("scenario_json: malformed JSON: {e}"))
+                })?;
+                decide_value(&v).map_err(convert::invalid)
+            })
+            .await??;
         Ok(Response::new(pb::DecideResponse {
             answer_json: answer.to_string(),
         }))
+    }
+}
+
+/// Claims made, attributed to the caller's certificate name.
+fn count_claims(caller: &Caller, n: usize) {
+    if n > 0 {
+        metrics::counter!(m::CLAIMS_BY_CALLER, "caller" => caller.claimant()).increment(n as u64);
     }
 }

@@ -24,11 +24,16 @@ mod tasks;
 pub use balance::{BalanceOutcome, BalanceRequest, CacheSummary, ProcSummary};
 pub use cluster_balance::{ClusterBalanceOutcome, ClusterBalanceRequest, ClusterProposal};
 pub use tasks::{CpuTaskList, RuntimeEntry};
+/// The limits of one update, for agents to cut their reports to.
+pub use tasks::{
+    MAX_MASKS_PER_NODE, MAX_RUNTIME_NS, MAX_RUNTIME_PER_CPU, MAX_TASKS_PER_CPU, MAX_TASKS_PER_NODE,
+};
 
 use crate::cluster::{Cluster, ClusterChoice, ClusterConfig, ClusterRequest, NodeAgg};
 use crate::engine::balance::{Balancer, TaskTable};
 use crate::engine::cache::{CacheParams, CacheState, LlcMap};
 use crate::engine::cpumask::CpuMask;
+use crate::engine::decision::Kind;
 use crate::engine::features::{Features, System};
 use crate::engine::state::{CpuState, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};
@@ -46,6 +51,11 @@ pub struct StoreConfig {
     pub cluster: ClusterConfig,
     /// Cache-aware scheduling knobs (`sched/llc_balancing/`).
     pub cache: CacheParams,
+    /// Nodes held at most: a registration of a new node id beyond it is
+    /// refused ([`RegisterError::Full`]); re-registrations still work.
+    pub max_nodes: usize,
+    /// Longest node id accepted, in bytes (253: a DNS name).
+    pub max_node_id_bytes: usize,
 }
 
 impl Default for StoreConfig {
@@ -57,9 +67,56 @@ impl Default for StoreConfig {
             system: System::default(),
             cluster: ClusterConfig::default(),
             cache: CacheParams::default(),
+            max_nodes: DEFAULT_MAX_NODES,
+            max_node_id_bytes: DEFAULT_MAX_NODE_ID_BYTES,
         }
     }
 }
+
+/// Default of [`StoreConfig::max_nodes`].
+pub const DEFAULT_MAX_NODES: usize = 20_000;
+/// Default of [`StoreConfig::max_node_id_bytes`]: the length of a DNS name.
+pub const DEFAULT_MAX_NODE_ID_BYTES: usize = 253;
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegisterError {
+    /// A bad node id or topology (INVALID_ARGUMENT).
+    Invalid(FieldError),
+    /// A new node id while the store holds `max` nodes (RESOURCE_EXHAUSTED).
+    Full { max: usize },
+}
+
+impl RegisterError {
+    /// The `fairplace_agent_reports_rejected_total` reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RegisterError::Invalid(_) => "invalid",
+            RegisterError::Full { .. } => "too_many_nodes",
+        }
+    }
+}
+
+impl From<FieldError> for RegisterError {
+    fn from(e: FieldError) -> Self {
+        RegisterError::Invalid(e)
+    }
+}
+
+impl std::fmt::Display for RegisterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegisterError::Invalid(e) => write!(f, "{e}"),
+            RegisterError::Full { max } => write!(
+                f,
+                "register.node_id: the server holds its limit of {max} nodes (--max-nodes); \
+                 a new node is refused until one is forgotten"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RegisterError {}
 
 /// One immutable version of a node's state.
 #[derive(Debug)]
@@ -107,6 +164,9 @@ struct Writer {
     /// The group path and aggregate this node adds to the cluster sums;
     /// `None` while it is not counted (no state yet, or stale).
     counted: Option<(Vec<String>, NodeAgg)>,
+    /// The node's id is in the store's `claimed` set (it may have claims
+    /// to expire).
+    listed: bool,
 }
 
 /// A registered node.
@@ -126,6 +186,10 @@ pub struct Node {
     cache: Mutex<Option<Box<NodeCache>>>,
     /// The balancer's per-domain state and scratch; one pass at a time.
     balancer: Mutex<Option<Box<Balancer>>>,
+    /// Placement decisions made on this node, by request kind (wakeup,
+    /// fork, exec): `fairplace_node_decisions_total`, rendered at scrape
+    /// time so the series go with the node.
+    decisions: [AtomicU64; 3],
 }
 
 /// A node's cache-aware state and the LLC map it was built for.
@@ -147,11 +211,31 @@ impl Node {
         self.balancer.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Counts one placement decision made on this node.
+    pub fn count_decision(&self, kind: Kind) {
+        self.decisions[kind_index(kind)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Decisions made on this node so far, by request kind.
+    pub fn decisions(&self) -> [(Kind, u64); 3] {
+        KINDS.map(|k| (k, self.decisions[kind_index(k)].load(Ordering::Relaxed)))
+    }
+
     pub fn last_seq(&self) -> u64 {
         self.writer
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .last_seq
+    }
+}
+
+const KINDS: [Kind; 3] = [Kind::Wakeup, Kind::Fork, Kind::Exec];
+
+fn kind_index(k: Kind) -> usize {
+    match k {
+        Kind::Wakeup => 0,
+        Kind::Fork => 1,
+        Kind::Exec => 2,
     }
 }
 
@@ -165,8 +249,10 @@ pub enum Reject {
         got: u64,
     },
     Invalid(FieldError),
-    /// Another registration took over this node.
+    /// Another registration took over this node, or it was forgotten.
     Superseded,
+    /// The server had no room to do the work now (the heavy pool is full).
+    Busy(String),
 }
 
 impl Reject {
@@ -175,6 +261,7 @@ impl Reject {
             Reject::OutOfSequence { .. } => "out_of_sequence",
             Reject::Invalid(_) => "invalid",
             Reject::Superseded => "superseded",
+            Reject::Busy(_) => "busy",
         }
     }
 }
@@ -188,6 +275,7 @@ impl std::fmt::Display for Reject {
             ),
             Reject::Invalid(e) => write!(f, "{e}"),
             Reject::Superseded => f.write_str("node_id: a newer registration took over this node"),
+            Reject::Busy(m) => write!(f, "{m}"),
         }
     }
 }
@@ -210,6 +298,11 @@ type TopoCache = HashMap<(Arc<TopologySpec>, CpuMask), Weak<Topology>>;
 /// Every node's state.
 pub struct Store {
     nodes: DashMap<String, Arc<Node>>,
+    /// Held while a new node id is checked against `max_nodes` and inserted.
+    admit: Mutex<()>,
+    /// Ids of the nodes that may hold claims: claim expiry visits only
+    /// these, so an idle store does no per-node work for it.
+    claimed: Mutex<std::collections::HashSet<String>>,
     /// Nodes of the same machine type share one built domain tree.
     topo_cache: Mutex<TopoCache>,
     specs: Mutex<HashMap<TopologySpec, Weak<TopologySpec>>>,
@@ -232,6 +325,8 @@ impl Store {
     pub fn new(config: StoreConfig) -> Self {
         Self {
             nodes: DashMap::new(),
+            admit: Mutex::new(()),
+            claimed: Mutex::new(Default::default()),
             topo_cache: Mutex::new(HashMap::new()),
             specs: Mutex::new(HashMap::new()),
             global: ArcSwap::from_pointee(Features::default()),
@@ -261,7 +356,11 @@ impl Store {
     /// Stops counting nodes that went stale; returns how many.
     pub fn uncount_stale(&self, now: Instant) -> usize {
         let mut n = 0;
-        for node in self.nodes() {
+        for node in self.unsorted_nodes() {
+            // A fresh node stays counted: no lock needed to know.
+            if self.is_fresh(&node.snapshot(), now) {
+                continue;
+            }
             let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
             if w.counted.is_some() && !self.is_fresh(&node.snapshot(), now) {
                 self.recount(&node, &mut w, None);
@@ -312,6 +411,11 @@ impl Store {
         self.nodes.get(id).map(|n| Arc::clone(n.value()))
     }
 
+    /// Every node, in no particular order (cheaper than [`Store::nodes`]).
+    pub fn unsorted_nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.iter().map(|n| Arc::clone(n.value())).collect()
+    }
+
     pub fn nodes(&self) -> Vec<Arc<Node>> {
         let mut v: Vec<Arc<Node>> = self.nodes.iter().map(|n| Arc::clone(n.value())).collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
@@ -345,18 +449,30 @@ impl Store {
         online: &CpuMask,
     ) -> Result<Arc<Topology>, FieldError> {
         let key = (Arc::clone(spec), *online);
-        let mut cache = self
-            .topo_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(t) = cache.get(&key).and_then(Weak::upgrade) {
+        let cached = |cache: &TopoCache| cache.get(&key).and_then(Weak::upgrade);
+        if let Some(t) = cached(
+            &self
+                .topo_cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        ) {
             return Ok(t);
         }
+        // Built without the lock: a slow build of one machine type must not
+        // hold up registrations of others. Two racing builds of the same
+        // type both build; the first one stored is shared.
         let t = Arc::new(Topology::build(
             spec,
             online,
             self.config.system.node_reclaim_distance,
         )?);
+        let mut cache = self
+            .topo_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(t) = cached(&cache) {
+            return Ok(t);
+        }
         cache.retain(|_, w| w.strong_count() > 0);
         cache.insert(key, Arc::downgrade(&t));
         Ok(t)
@@ -371,9 +487,14 @@ impl Store {
         labels: Vec<(String, String)>,
         agent_version: String,
         spec: TopologySpec,
-    ) -> Result<(Arc<Node>, u64), FieldError> {
-        if id.is_empty() {
-            return Err(FieldError::new("register.node_id", "must not be empty"));
+    ) -> Result<(Arc<Node>, u64), RegisterError> {
+        self.check_node_id(id)?;
+        // A new id beyond the limit is refused before any topology work;
+        // the insert below checks again under `admit`.
+        if self.nodes.len() >= self.config.max_nodes && !self.nodes.contains_key(id) {
+            return Err(RegisterError::Full {
+                max: self.config.max_nodes,
+            });
         }
         spec.validate("register.topology")?;
         let spec = self.intern_spec(spec);
@@ -392,13 +513,16 @@ impl Store {
             return Ok((old, generation));
         }
         let mut overrides = HashMap::new();
+        let mut decisions = [0u64; 3];
         if let Some(old) = self.get(id) {
             // A new topology (or new labels): the old node leaves its groups,
-            // its stream is superseded, and its feature overrides carry over.
+            // its stream is superseded, and its feature overrides and
+            // decision counts carry over.
             let mut w = old.writer.lock().unwrap_or_else(PoisonError::into_inner);
             self.recount(&old, &mut w, None);
             old.generation.store(generation, Ordering::SeqCst);
             overrides = std::mem::take(&mut w.overrides);
+            decisions = old.decisions.each_ref().map(|d| d.load(Ordering::Relaxed));
         }
         let n = spec.cpus.len();
         let online = CpuMask::first_n(n);
@@ -434,15 +558,54 @@ impl Store {
                 needs_full: true,
                 overrides,
                 counted: None,
+                listed: false,
             }),
             generation: AtomicU64::new(generation),
             connected: AtomicBool::new(true),
             registered_at: Instant::now(),
             cache: Mutex::new(None),
             balancer: Mutex::new(None),
+            decisions: decisions.map(AtomicU64::new),
         });
-        self.nodes.insert(id.to_string(), Arc::clone(&node));
+        {
+            // New ids are admitted one at a time, so the limit holds exactly
+            // (removals only make room).
+            let _admit = self.admit.lock().unwrap_or_else(PoisonError::into_inner);
+            if self.nodes.len() >= self.config.max_nodes && !self.nodes.contains_key(id) {
+                return Err(RegisterError::Full {
+                    max: self.config.max_nodes,
+                });
+            }
+            self.nodes.insert(id.to_string(), Arc::clone(&node));
+        }
         Ok((node, generation))
+    }
+
+    /// A node id must be non-empty, at most `max_node_id_bytes` long and
+    /// free of control characters (it is a metric label value and appears
+    /// in logs).
+    fn check_node_id(&self, id: &str) -> Result<(), FieldError> {
+        const FIELD: &str = "register.node_id";
+        let max = self.config.max_node_id_bytes;
+        if id.is_empty() {
+            return Err(FieldError::new(FIELD, "must not be empty"));
+        }
+        if id.len() > max {
+            return Err(FieldError::new(
+                FIELD,
+                format!(
+                    "{} is longer than {max} bytes (--max-node-id-bytes)",
+                    crate::quote::quote(id)
+                ),
+            ));
+        }
+        if id.chars().any(char::is_control) {
+            return Err(FieldError::new(
+                FIELD,
+                format!("{} contains a control character", crate::quote::quote(id)),
+            ));
+        }
+        Ok(())
     }
 
     /// Validates and applies one update atomically. A rejected update leaves
@@ -518,9 +681,11 @@ impl Store {
         };
         let mut cpus = base_cpus(&cur, &w);
         // A report of a CPU supersedes the claims on it.
+        let stamp = self.idle_stamp_at(now);
         for (id, c) in &u.cpus {
             w.claims.remove(id);
-            cpus[*id as usize] = *c;
+            let prev = &cpus[*id as usize];
+            cpus[*id as usize] = fill_idle_stamp(*c, prev, stamp);
         }
         w.last_seq = u.seq;
         w.needs_full = false;
@@ -619,6 +784,13 @@ impl Store {
             })
             .expires
             .push(now + self.config.claim_ttl);
+        if !w.listed {
+            w.listed = true;
+            self.claimed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(node.id.clone());
+        }
         let cpus = base_cpus(cur, w);
         let topo = Arc::clone(&cur.topo);
         self.publish(node, w, cpus, topo, cur.features, None, cur);
@@ -645,9 +817,18 @@ impl Store {
     /// Drops claims whose TTL ended; returns how many expired.
     pub fn expire_claims(&self, now: Instant) -> usize {
         let mut expired = 0;
-        for node in self.nodes() {
+        // The nodes that took claims since; a node keeps its place in the
+        // set while it still has some.
+        let ids = std::mem::take(&mut *self.claimed.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut keep = Vec::new();
+        for id in ids {
+            // A forgotten or replaced node's claims no longer count.
+            let Some(node) = self.get(&id) else {
+                continue;
+            };
             let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
             if w.claims.is_empty() {
+                w.listed = false;
                 continue;
             }
             let before: usize = w.claims.values().map(|s| s.expires.len()).sum();
@@ -663,13 +844,24 @@ impl Store {
                 let topo = Arc::clone(&cur.topo);
                 self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
             }
+            if w.claims.is_empty() {
+                w.listed = false;
+            } else {
+                keep.push(id);
+            }
+        }
+        if !keep.is_empty() {
+            self.claimed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(keep);
         }
         expired
     }
 
     /// Claims outstanding across all nodes.
     pub fn claims_outstanding(&self) -> usize {
-        self.nodes()
+        self.unsorted_nodes()
             .iter()
             .map(|n| {
                 n.snapshot()
@@ -690,6 +882,13 @@ impl Store {
         Arc::clone(m.entry(n).or_insert_with(|| Arc::new(TaskTable::empty(n))))
     }
 
+    /// The `idle_stamp` the store gives a CPU first reported idle at `now`
+    /// (see [`fill_idle_stamp`]): ns since the store started, never 0.
+    fn idle_stamp_at(&self, now: Instant) -> i64 {
+        let ns = now.saturating_duration_since(self.epoch).as_nanos();
+        ns.clamp(1, 1 << 62) as i64
+    }
+
     /// The store's millisecond clock.
     pub fn now_ms(&self, now: Instant) -> u64 {
         now.saturating_duration_since(self.epoch).as_millis() as u64
@@ -699,22 +898,42 @@ impl Store {
         snap.age(now).is_some_and(|a| a <= self.config.stale_after)
     }
 
-    /// Forgets nodes that have not reported for `forget_after`.
+    /// Forgets nodes that have not reported for `forget_after`, whether or
+    /// not a stream is still open for them: an open but silent stream does
+    /// not keep its node (its next update is refused and the stream ends).
     pub fn forget_stale(&self, now: Instant) -> usize {
         let limit = self.config.forget_after;
         let before = self.nodes.len();
         self.nodes.retain(|_, n| {
             let s = n.snapshot();
             let since = s.reported_at.unwrap_or(n.registered_at);
-            let keep =
-                n.connected.load(Ordering::SeqCst) || now.saturating_duration_since(since) <= limit;
+            let keep = now.saturating_duration_since(since) <= limit;
             if !keep {
-                let mut w = n.writer.lock().unwrap_or_else(PoisonError::into_inner);
-                self.recount(n, &mut w, None);
+                self.retire(n);
             }
             keep
         });
         before - self.nodes.len()
+    }
+
+    /// Forgets `node` if `generation` is still its registration.
+    pub fn forget_node(&self, node: &Node, generation: u64) {
+        let removed = self.nodes.remove_if(&node.id, |_, n| {
+            std::ptr::eq(Arc::as_ptr(n), node) && n.generation.load(Ordering::SeqCst) == generation
+        });
+        if let Some((_, n)) = removed {
+            self.retire(&n);
+        }
+    }
+
+    /// A node leaving the store: out of the cluster sums, and its stream's
+    /// registration void, so a late update is refused.
+    fn retire(&self, n: &Node) {
+        let mut w = n.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.recount(n, &mut w, None);
+        let g = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        n.generation.store(g, Ordering::SeqCst);
+        n.connected.store(false, Ordering::SeqCst);
     }
 
     pub fn disconnect(&self, node: &Node, generation: u64) {
@@ -747,7 +966,9 @@ impl Store {
         let mut check = Features::default();
         for (k, v) in set {
             if !check.set(k, *v) {
-                return Err(FieldError::new(format!("set.{k}"), "unknown feature"));
+                // A long name is quoted and cut, never echoed whole.
+                let name = crate::quote::field_key(k);
+                return Err(FieldError::new(format!("set.{name}"), "unknown feature"));
             }
         }
         match node {
@@ -789,6 +1010,30 @@ impl Store {
         let topo = Arc::clone(&cur.topo);
         self.publish(node, &mut w, cpus, topo, f, None, &cur);
     }
+}
+
+/// A reported CPU, with an `idle_stamp` if it is idle and came without one.
+///
+/// The kernel sets `rq->idle_stamp` (its runqueue clock) whenever a CPU goes
+/// idle, so an idle CPU has a non-zero one; `sched_balance_find_dst_group_cpu`
+/// takes, among idle CPUs of equal exit latency (or none), the one with the
+/// latest stamp *above 0*. With every stamp 0, as a reporter without
+/// cpuidle information sends, it takes none and falls back to `this_cpu`:
+/// concurrent claimed forks would all land there. So an idle CPU reported
+/// with 0 gets the time of the report that first showed it idle (the store's
+/// clock, ns since it started), kept while later reports show it still idle
+/// and dropped once one shows it running. Stamps a reporter sends are kept
+/// as they are; a reporter that sends some and leaves others 0 mixes two
+/// clocks, as unsynchronised runqueue clocks would.
+fn fill_idle_stamp(mut c: CpuState, prev: &CpuState, now: i64) -> CpuState {
+    if c.idle_stamp == 0 && c.online && c.idle_cpu() {
+        c.idle_stamp = if prev.online && prev.idle_cpu() && prev.idle_stamp != 0 {
+            prev.idle_stamp
+        } else {
+            now
+        };
+    }
+    c
 }
 
 /// The agent's state of every CPU: the snapshot's, with claimed CPUs taken
@@ -981,5 +1226,78 @@ mod tests {
             Err(Reject::Superseded)
         );
         assert!(s.apply(&n, g2, &full(4, 1, &[]), now).is_ok());
+    }
+
+    #[test]
+    fn new_ids_beyond_max_nodes_are_refused_but_re_registration_works() {
+        let s = Store::new(StoreConfig {
+            max_nodes: 2,
+            ..StoreConfig::default()
+        });
+        s.register("a", vec![], "t".into(), spec(4)).unwrap();
+        let (b, _) = s.register("b", vec![], "t".into(), spec(4)).unwrap();
+        b.count_decision(Kind::Fork);
+        let full_err = s
+            .register("c", vec![], "t".into(), spec(4))
+            .err()
+            .expect("refused");
+        assert_eq!(full_err, RegisterError::Full { max: 2 });
+        assert_eq!(full_err.reason(), "too_many_nodes");
+        assert!(full_err.to_string().contains("--max-nodes"), "{full_err}");
+        // The same topology, and a new one: both are the same node id.
+        s.register("a", vec![], "t".into(), spec(4)).unwrap();
+        let (b2, _) = s.register("b", vec![], "t".into(), spec(8)).unwrap();
+        assert_eq!(b2.decisions()[1], (Kind::Fork, 1), "counts carry over");
+        assert_eq!(s.len(), 2);
+        // A forgotten node makes room.
+        s.forget_stale(Instant::now() + Duration::from_secs(3600));
+        s.register("c", vec![], "t".into(), spec(4)).unwrap();
+    }
+
+    #[test]
+    fn node_ids_are_bounded_and_refusals_quote_a_short_prefix() {
+        let s = Store::new(StoreConfig::default());
+        let ok = "n".repeat(DEFAULT_MAX_NODE_ID_BYTES);
+        s.register(&ok, vec![], "t".into(), spec(2)).unwrap();
+        let long = "n".repeat(1 << 20);
+        match s.register(&long, vec![], "t".into(), spec(2)).err() {
+            Some(RegisterError::Invalid(e)) => {
+                assert_eq!(e.field, "register.node_id");
+                assert!(e.msg.len() < 200, "{}", e.msg);
+                assert!(e.msg.contains("(1048576 bytes)"), "{}", e.msg);
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in ["", "a\nb", "tab\there"] {
+            assert!(
+                matches!(
+                    s.register(bad, vec![], "t".into(), spec(2)).err(),
+                    Some(RegisterError::Invalid(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn claim_expiry_visits_only_nodes_with_claims() {
+        let s = Store::new(StoreConfig::default());
+        let now = Instant::now();
+        let (a, g) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
+        s.apply(&a, g, &full(4, 1, &[]), now).unwrap();
+        s.register("b", vec![], "t".into(), spec(4)).unwrap();
+        assert!(s.claimed.lock().unwrap().is_empty());
+        assert!(s.try_claim(&a, a.snapshot().version, 1, now));
+        assert_eq!(s.claimed.lock().unwrap().len(), 1);
+        assert_eq!(s.expire_claims(now), 0);
+        assert_eq!(s.claimed.lock().unwrap().len(), 1, "still has a claim");
+        assert_eq!(s.expire_claims(now + Duration::from_secs(1)), 1);
+        assert!(s.claimed.lock().unwrap().is_empty());
+        // A claim taken again after expiry is listed again.
+        assert!(s.try_claim(&a, a.snapshot().version, 2, now));
+        assert_eq!(s.claims_outstanding(), 1);
+        assert_eq!(s.expire_claims(now + Duration::from_secs(1)), 1);
+        assert_eq!(s.claims_outstanding(), 0);
     }
 }
