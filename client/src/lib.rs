@@ -5,13 +5,109 @@
 pub mod agent;
 pub mod table;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use fairplace_proto::v1 as pb;
 use pb::admin_service_client::AdminServiceClient;
 use pb::placement_service_client::PlacementServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
+
+/// TLS towards the server: the CA its certificate chains to and, for mutual
+/// TLS, this client's certificate and key (whose URI SAN
+/// `spiffe://TRUST_DOMAIN/ROLE/NAME` says what it may call). The files are
+/// read at every connect, so a reconnect picks up a rotated certificate.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// PEM CA bundle that signed the server's certificate.
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate chain (with `key`).
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert`.
+    pub key: Option<PathBuf>,
+    /// The name to check the server's certificate for (default: the host
+    /// of the address).
+    pub server_name: Option<String>,
+}
+
+impl TlsOptions {
+    /// Whether TLS is on (any of the files given).
+    pub fn enabled(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some()
+    }
+
+    /// The rustls client configuration for tonic, from the files as they are
+    /// now.
+    pub fn client_config(&self) -> Result<ClientTlsConfig, String> {
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        let ca = self
+            .ca
+            .as_ref()
+            .ok_or("--tls-ca: the CA of the server's certificate is needed for TLS")?;
+        let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+        match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => cfg = cfg.identity(Identity::from_pem(read(c)?, read(k)?)),
+            (None, None) => {}
+            _ => return Err("--tls-cert and --tls-key go together".into()),
+        }
+        if let Some(n) = &self.server_name {
+            cfg = cfg.domain_name(n.clone());
+        }
+        Ok(cfg)
+    }
+
+    /// An endpoint for `addr` (`host:port`, `http://...` or `https://...`):
+    /// https with this TLS configuration when TLS is on.
+    pub fn endpoint(&self, addr: &str) -> Result<Endpoint, String> {
+        let bare = addr
+            .strip_prefix("http://")
+            .or_else(|| addr.strip_prefix("https://"))
+            .unwrap_or(addr);
+        if !self.enabled() {
+            let uri = if addr.contains("://") {
+                addr.to_string()
+            } else {
+                format!("http://{addr}")
+            };
+            return Endpoint::from_shared(uri).map_err(|e| format!("{addr}: {e}"));
+        }
+        Endpoint::from_shared(format!("https://{bare}"))
+            .map_err(|e| format!("{addr}: {e}"))?
+            .tls_config(self.client_config()?)
+            .map_err(|e| format!("TLS: {e}: {}", source_chain(&e)))
+    }
+}
+
+/// The TLS flags the CLI and the agent share.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// PEM CA bundle the server's certificate chains to; turns TLS on.
+    #[arg(long, global = true, env = "FAIRPLACE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS; its URI SAN
+    /// spiffe://TRUST_DOMAIN/ROLE/NAME says what it may call.
+    #[arg(long, global = true, env = "FAIRPLACE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, global = true, env = "FAIRPLACE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Check the server's certificate for this name instead of the
+    /// address's host.
+    #[arg(long, global = true, env = "FAIRPLACE_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+}
+
+impl From<TlsArgs> for TlsOptions {
+    fn from(a: TlsArgs) -> TlsOptions {
+        TlsOptions {
+            ca: a.tls_ca,
+            cert: a.tls_cert,
+            key: a.tls_key,
+            server_name: a.tls_server_name,
+        }
+    }
+}
 
 /// A connection to a fairplace server.
 #[derive(Clone)]
@@ -38,6 +134,19 @@ impl Client {
             .tcp_nodelay(true)
             .connect()
             .await?;
+        Ok(Self::from_channel(channel))
+    }
+
+    /// Connects to `addr` over TLS (mutual TLS with a client certificate),
+    /// or plaintext when `tls` names no file.
+    pub async fn connect_tls(addr: &str, tls: &TlsOptions) -> Result<Client, String> {
+        let channel = tls
+            .endpoint(addr)?
+            .connect_timeout(Duration::from_secs(3))
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|e| format!("{e}: {}", source_chain(&e)))?;
         Ok(Self::from_channel(channel))
     }
 
@@ -235,4 +344,15 @@ impl Client {
         let mut c = self.admin.clone();
         c.ping(self.request(pb::PingRequest {})).await.map(|_| ())
     }
+}
+
+/// The causes under a transport error (tonic's Display shows only the top).
+pub fn source_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = Vec::new();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        out.push(c.to_string());
+        cur = c.source();
+    }
+    out.join(": ")
 }

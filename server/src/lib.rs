@@ -5,7 +5,10 @@
 pub mod cluster;
 pub mod decide;
 pub mod engine;
+pub mod exposition;
 pub mod metrics;
+pub mod pki;
+pub mod quote;
 pub mod scenario;
 pub mod service;
 pub mod store;

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use fairplace::service::heavy::default_workers as default_heavy_workers;
+use fairplace::service::listener::ListenOpts;
 use fairplace::service::{ServeConfig, serve, shutdown_signal};
 use fairplace::store::StoreConfig;
 
@@ -21,6 +23,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once at start-up: the size of the large variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Serve the gRPC API (agents report, orchestrators ask) and /metrics.
@@ -28,10 +32,55 @@ enum Cmd {
     Serve(ServeArgs),
     /// Decide scenarios (one JSON object, a JSON array, or JSON Lines) and
     /// print one decision per scenario as JSON Lines.
+    ///
+    /// JSON Lines are answered line by line as they arrive, with bounded
+    /// memory, so the input may be endless; a JSON array or an object over
+    /// several lines is read whole, up to --max-document-bytes.
     Decide {
         /// Scenario file, or - for standard input.
         file: String,
+        /// Longest JSON Lines line (bytes); a longer line is an error for
+        /// that line only.
+        #[arg(long, default_value_t = fairplace::decide::DEFAULT_MAX_LINE_BYTES)]
+        max_line_bytes: usize,
+        /// Largest JSON array or multi-line object (bytes); a larger one is
+        /// an error.
+        #[arg(long, default_value_t = fairplace::decide::DEFAULT_MAX_DOCUMENT_BYTES)]
+        max_document_bytes: usize,
     },
+    /// Write a development PKI (a CA, a server certificate and client
+    /// certificates with SPIFFE IDs) as PEM files, for the compose demo and
+    /// trying mutual TLS; production certificates come from cert-manager or
+    /// any CA.
+    Pki(PkiArgs),
+}
+
+#[derive(clap::Args)]
+struct PkiArgs {
+    /// Directory for ca.crt/ca.key, server.crt/server.key and one
+    /// ROLE-NAME.crt/.key per client.
+    #[arg(long)]
+    dir: std::path::PathBuf,
+    #[arg(long, default_value = "fairplace")]
+    trust_domain: String,
+    /// DNS names and IP addresses of the server certificate (repeatable).
+    #[arg(long = "server-name", default_values_t = ["localhost".to_string(), "127.0.0.1".to_string()])]
+    server_names: Vec<String>,
+    /// A node certificate, spiffe://TD/node/NAME (repeatable).
+    #[arg(long = "node")]
+    nodes: Vec<String>,
+    /// An orchestrator certificate (repeatable).
+    #[arg(long = "orchestrator")]
+    orchestrators: Vec<String>,
+    /// An admin certificate (repeatable).
+    #[arg(long = "admin")]
+    admins: Vec<String>,
+    /// Keep files that exist (the CA is reused to sign what is missing).
+    #[arg(long)]
+    keep_existing: bool,
+    /// Validity of the leaf certificates (days).
+    #[arg(long, default_value_t = 90)]
+    days: i64,
 }
 
 #[derive(clap::Args)]
@@ -43,26 +92,83 @@ struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:9464")]
     metrics_addr: SocketAddr,
     /// A node with no report for this long is stale (ms).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = positive_u64)]
     stale_after_ms: u64,
     /// A claim ends after this long unless a report supersedes it first (ms).
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 500, value_parser = positive_u64)]
     claim_ttl_ms: u64,
-    /// A stale, disconnected node is forgotten after this long (s).
-    #[arg(long, default_value_t = 600)]
+    /// A node with no report for this long is forgotten, and a stream that
+    /// stays open but silent that long is closed (s).
+    #[arg(long, default_value_t = 600, value_parser = positive_u64)]
     forget_after_s: u64,
+    /// Nodes held at most: a Register of a new node id beyond it is refused
+    /// with RESOURCE_EXHAUSTED (re-registrations still work; a forgotten
+    /// node makes room).
+    #[arg(long, default_value_t = fairplace::store::DEFAULT_MAX_NODES, value_parser = positive_usize)]
+    max_nodes: usize,
+    /// Longest node id accepted, in bytes (default: a DNS name); longer ids
+    /// are refused with INVALID_ARGUMENT.
+    #[arg(long, default_value_t = fairplace::store::DEFAULT_MAX_NODE_ID_BYTES, value_parser = positive_usize)]
+    max_node_id_bytes: usize,
     /// Per-request timeout (ms).
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = 2_000, value_parser = positive_u64)]
     request_timeout_ms: u64,
-    /// Requests in flight before new ones are shed with RESOURCE_EXHAUSTED.
-    #[arg(long, default_value_t = 1024)]
+    /// Requests in flight before new ones are shed with RESOURCE_EXHAUSTED
+    /// (health checks are never shed).
+    #[arg(long, default_value_t = 1024, value_parser = positive_usize)]
     max_concurrency: usize,
+    /// CPU-heavy calls (Decide, Balance, topology builds) running at once
+    /// (0: one fewer than the machine's CPUs, at least 1).
+    #[arg(long, default_value_t = 0)]
+    heavy_workers: usize,
+    /// CPU-heavy calls that may wait for a worker before more are shed
+    /// (default: 4 per worker).
+    #[arg(long)]
+    heavy_queue: Option<usize>,
     /// Largest accepted message (bytes).
-    #[arg(long, default_value_t = 4 << 20)]
+    #[arg(long, default_value_t = 4 << 20, value_parser = positive_usize)]
     max_message_bytes: usize,
+    /// A Report stream must send its Register within this long (ms).
+    #[arg(long, default_value_t = 10_000, value_parser = positive_u64)]
+    register_timeout_ms: u64,
+    /// A new connection must send the HTTP/2 preface within this long (ms).
+    #[arg(long, default_value_t = 10_000, value_parser = positive_u64)]
+    preface_timeout_ms: u64,
+    /// After SIGTERM, calls in flight get this long before the server exits
+    /// whatever is still open (ms).
+    #[arg(long, default_value_t = 5_000)]
+    shutdown_grace_ms: u64,
     /// Require `authorization: Bearer TOKEN` for SetFeatures.
-    #[arg(long, env = "FAIRPLACE_ADMIN_TOKEN")]
+    // hide_env_values: --help must never print the secret from the
+    // environment.
+    #[arg(long, env = "FAIRPLACE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Serve TLS on the gRPC port with this PEM certificate chain (leaf
+    /// first); reloaded when the file changes.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Mutual TLS: every client must present a certificate chained to this
+    /// PEM CA bundle, whose URI SAN spiffe://TRUST_DOMAIN/ROLE/NAME sets
+    /// what it may call (ROLE: node, orchestrator or admin).
+    #[arg(long, requires = "tls_cert")]
+    client_ca: Option<std::path::PathBuf>,
+    /// The SPIFFE trust domain client certificates must name.
+    #[arg(long, default_value = "fairplace")]
+    trust_domain: String,
+    /// Serve a non-loopback --grpc-addr without --client-ca, to anyone who
+    /// can connect (refused otherwise).
+    #[arg(long)]
+    allow_unauthenticated: bool,
+    /// How often the TLS files are checked for a rotation (ms).
+    #[arg(long, default_value_t = 1_000, value_parser = positive_u64)]
+    tls_reload_ms: u64,
+    /// Also serve grpc.health.v1 alone, in plaintext, here (for probes that
+    /// cannot present a client certificate, like the kubelet's).
+    #[arg(long)]
+    health_addr: Option<SocketAddr>,
     /// sysctl_sched_migration_cost in ns (-1: always hot, 0: never).
     #[arg(long, default_value_t = 500_000, allow_hyphen_values = true)]
     migration_cost_ns: i64,
@@ -94,7 +200,24 @@ struct ServeArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Decide { file } => decide(&file),
+        Cmd::Decide {
+            file,
+            max_line_bytes,
+            max_document_bytes,
+        } => decide(
+            &file,
+            fairplace::decide::Limits {
+                max_line_bytes,
+                max_document_bytes,
+            },
+        ),
+        Cmd::Pki(a) => match pki(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fairplace-server pki: {e}");
+                ExitCode::from(1)
+            }
+        },
         Cmd::Serve(args) => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -108,13 +231,17 @@ fn main() -> ExitCode {
                 rt.worker_threads(args.worker_threads);
             }
             let rt = rt.enable_all().build().expect("tokio runtime");
-            match rt.block_on(run_serve(args)) {
+            let code = match rt.block_on(run_serve(args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("fairplace-server serve: {e}");
                     ExitCode::from(1)
                 }
-            }
+            };
+            // Heavy work still running after the grace period is abandoned,
+            // not waited for.
+            rt.shutdown_timeout(Duration::from_millis(100));
+            code
         }
     }
 }
@@ -124,6 +251,8 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
         stale_after: Duration::from_millis(a.stale_after_ms),
         claim_ttl: Duration::from_millis(a.claim_ttl_ms),
         forget_after: Duration::from_secs(a.forget_after_s),
+        max_nodes: a.max_nodes,
+        max_node_id_bytes: a.max_node_id_bytes,
         ..StoreConfig::default()
     };
     store.system.migration_cost_ns = a.migration_cost_ns;
@@ -139,39 +268,63 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
     store.cache.aggr_tolerance = a.cache_aggr_tolerance;
     store.cache.overaggr_pct = a.cache_overaggr_pct;
     store.cache.imb_pct = a.cache_imb_pct;
-    let cfg = ServeConfig {
+    let heavy_workers = match a.heavy_workers {
+        0 => default_heavy_workers(),
+        n => n,
+    };
+    let mut cfg = ServeConfig {
         store,
         request_timeout: Duration::from_millis(a.request_timeout_ms),
         max_concurrency: a.max_concurrency,
         max_message_bytes: a.max_message_bytes,
-        admin_token: a.admin_token,
+        admin_token: a.admin_token.clone(),
+        register_timeout: Duration::from_millis(a.register_timeout_ms),
+        shutdown_grace: Duration::from_millis(a.shutdown_grace_ms),
+        listen: ListenOpts {
+            screen_timeout: Duration::from_millis(a.preface_timeout_ms),
+            ..ListenOpts::default()
+        },
+        heavy_workers,
+        heavy_queue: a.heavy_queue.unwrap_or(4 * heavy_workers),
+        tls: tls_settings(&a)?,
+        trust_domain: a.trust_domain.clone(),
+        health_listener: None,
     };
-    let metrics_listener = std::net::TcpListener::bind(a.metrics_addr)?;
-    let metrics_addr = metrics_listener.local_addr()?;
-    drop(metrics_listener);
-    fairplace::service::install_metrics(metrics_addr)?;
+    let metrics_addr = fairplace::service::install_metrics(a.metrics_addr)?;
     let listener = tokio::net::TcpListener::bind(a.grpc_addr).await?;
     let grpc_addr = listener.local_addr()?;
+    let mut health_note = String::new();
+    if let Some(h) = a.health_addr {
+        let l = std::net::TcpListener::bind(h)?;
+        health_note = format!(" health={}", l.local_addr()?);
+        cfg.health_listener = Some(std::sync::Arc::new(l));
+    }
     // One line a supervisor (or a test) can parse for the bound ports.
-    println!("fairplace-server listening grpc={grpc_addr} metrics=http://{metrics_addr}/metrics");
+    println!(
+        "fairplace-server listening grpc={grpc_addr} metrics=http://{metrics_addr}/metrics{health_note}"
+    );
     tracing::info!(%grpc_addr, %metrics_addr, "serving");
     serve(cfg, listener, shutdown_signal()).await
 }
 
-fn decide(file: &str) -> ExitCode {
-    let mut input = String::new();
-    let read = if file == "-" {
-        std::io::stdin().read_to_string(&mut input).map(|_| ())
+fn decide(file: &str, limits: fairplace::decide::Limits) -> ExitCode {
+    let input: Box<dyn Read> = if file == "-" {
+        Box::new(std::io::stdin().lock())
     } else {
-        std::fs::read_to_string(file).map(|s| input = s)
+        match std::fs::File::open(file) {
+            Ok(f) => Box::new(f),
+            Err(e) => {
+                eprintln!("fairplace-server decide: cannot read {file}: {e}");
+                return ExitCode::from(2);
+            }
+        }
     };
-    if let Err(e) = read {
-        eprintln!("fairplace-server decide: cannot read {file}: {e}");
-        return ExitCode::from(2);
-    }
-    let stdout = std::io::stdout();
+    let input = ReadErrorsNamed { inner: input, file };
+    // Answers are buffered and flushed whenever the input has nothing more
+    // ready, so a pipe sees each answer as soon as its line is in.
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout().lock());
     let stderr = std::io::stderr();
-    match fairplace::decide::run(&input, &mut stdout.lock(), &mut stderr.lock()) {
+    match fairplace::decide::run_stream(input, &mut out, &mut stderr.lock(), limits) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(_) => ExitCode::from(1),
         Err(e) => {
@@ -179,4 +332,133 @@ fn decide(file: &str) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A flag that must be at least 1 (0 would disable what it bounds).
+fn positive_u64(v: &str) -> Result<u64, String> {
+    match v.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn positive_usize(v: &str) -> Result<usize, String> {
+    positive_u64(v).and_then(|n| usize::try_from(n).map_err(|e| e.to_string()))
+}
+
+/// Names the input in its read errors (the decide loop also writes).
+struct ReadErrorsNamed<'a, R> {
+    inner: R,
+    file: &'a str,
+}
+
+impl<R: Read> Read for ReadErrorsNamed<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner
+            .read(buf)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot read {}: {e}", self.file)))
+    }
+}
+
+/// The TLS flags, checked: a non-loopback gRPC address needs client
+/// certificates (`--client-ca`) unless `--allow-unauthenticated` says so.
+fn tls_settings(
+    a: &ServeArgs,
+) -> Result<Option<fairplace::service::tls::TlsSettings>, Box<dyn std::error::Error + Send + Sync>>
+{
+    fairplace::service::identity::parse_spiffe_id(
+        &format!("spiffe://{}/admin/x", a.trust_domain),
+        &a.trust_domain,
+    )
+    .map_err(|_| {
+        format!(
+            "--trust-domain {:?}: a SPIFFE trust domain is lowercase letters, digits, '.', '-' and '_'",
+            a.trust_domain
+        )
+    })?;
+    if a.client_ca.is_none() && !a.grpc_addr.ip().is_loopback() {
+        if !a.allow_unauthenticated {
+            return Err(format!(
+                "--grpc-addr {} is not a loopback address, and without --client-ca anyone who can reach it could \
+                 register nodes, claim CPUs and read every node's tasks: give --tls-cert, --tls-key and --client-ca \
+                 (mutual TLS), or --allow-unauthenticated to serve it open anyway",
+                a.grpc_addr
+            )
+            .into());
+        }
+        tracing::warn!(
+            grpc_addr = %a.grpc_addr,
+            "serving a non-loopback address without client authentication (--allow-unauthenticated)"
+        );
+    }
+    Ok(match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => {
+            let mut t = fairplace::service::tls::TlsSettings::new(
+                cert.clone(),
+                key.clone(),
+                a.client_ca.clone(),
+            );
+            t.reload_interval = Duration::from_millis(a.tls_reload_ms);
+            Some(t)
+        }
+        _ => None,
+    })
+}
+
+fn pki(a: &PkiArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use fairplace::pki::{Ca, Leaf};
+    std::fs::create_dir_all(&a.dir)?;
+    let exists = |name: &str| a.keep_existing && a.dir.join(format!("{name}.crt")).exists();
+    let ca = if exists("ca") {
+        Ca::load(
+            &std::fs::read_to_string(a.dir.join("ca.crt"))?,
+            &std::fs::read_to_string(a.dir.join("ca.key"))?,
+        )?
+    } else {
+        let ca = Ca::new(&format!("fairplace development CA ({})", a.trust_domain))?;
+        ca.pem.write(&a.dir, "ca")?;
+        ca
+    };
+    let mut written = vec![];
+    if !exists("server") {
+        let (mut dns, mut ips) = (vec![], vec![]);
+        for n in &a.server_names {
+            match n.parse::<std::net::IpAddr>() {
+                Ok(ip) => ips.push(ip),
+                Err(_) => dns.push(n.as_str()),
+            }
+        }
+        let mut leaf = Leaf::server(&dns, &ips);
+        leaf.days = a.days;
+        ca.issue(&leaf)?.write(&a.dir, "server")?;
+        written.push("server".to_string());
+    }
+    for (role, names) in [
+        ("node", &a.nodes),
+        ("orchestrator", &a.orchestrators),
+        ("admin", &a.admins),
+    ] {
+        for n in names {
+            let file = format!("{role}-{n}");
+            if exists(&file) {
+                continue;
+            }
+            let mut leaf = Leaf::client(&a.trust_domain, role, n);
+            fairplace::service::identity::parse_spiffe_id(&leaf.uris[0], &a.trust_domain)?;
+            leaf.days = a.days;
+            ca.issue(&leaf)?.write(&a.dir, &file)?;
+            written.push(file);
+        }
+    }
+    println!(
+        "fairplace-server pki: {} (CA ca.crt) wrote {}",
+        a.dir.display(),
+        if written.is_empty() {
+            "nothing new".to_string()
+        } else {
+            written.join(", ")
+        }
+    );
+    Ok(())
 }

@@ -1,5 +1,6 @@
 """An independent gRPC peer: Python stubs generated from the .proto files call
-PickCpu, Decide and the health check against the real server and agent.
+PickCpu, Decide and the health check against the real server and agent, over
+mutual TLS with certificates made by the openssl command line.
 
 Run by .ci/run after `cargo test --workspace` (which builds the binaries):
     python3 -m pytest tests/python
@@ -14,20 +15,29 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import BIN, ROOT, start_server
+from conftest import BIN, ROOT, Pki, start_server
+
+
+SERVER = {}
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv, grpc_addr, _ = start_server()
+def server(pki):
+    srv, grpc_addr, _ = start_server(*pki.server_args(), "--health-addr", "127.0.0.1:0", words_out=SERVER)
     agent = subprocess.Popen(
-        [os.path.join(BIN, "fairplace-agent"), "--server", grpc_addr, "--node-id", "py", "--interval-ms", "200"],
+        [os.path.join(BIN, "fairplace-agent"), "--server", grpc_addr, "--node-id", "py", "--interval-ms", "200",
+         *pki.tls_args("node", "py")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield grpc_addr
     agent.terminate()
     srv.terminate()
     agent.wait(10)
     srv.wait(10)
+
+
+def channel(pki, server, role="orchestrator", name="py-orch"):
+    """A mutual-TLS channel with a certificate for ROLE/NAME."""
+    return grpc.secure_channel(server, pki.credentials(role, name))
 
 
 def wait_node(stubs, channel):
@@ -40,16 +50,56 @@ def wait_node(stubs, channel):
     raise AssertionError("the agent's node never became fresh")
 
 
-def test_health_check_serves(server):
-    with grpc.insecure_channel(server) as ch:
+def test_health_check_serves(pki, server):
+    with channel(pki, server) as ch:
         h = health_pb2_grpc.HealthStub(ch)
         for svc in ("", "fairplace.v1.PlacementService"):
             r = h.Check(health_pb2.HealthCheckRequest(service=svc), timeout=2)
             assert r.status == health_pb2.HealthCheckResponse.SERVING
+    # The plaintext health-only listener, for probes without a certificate.
+    with grpc.insecure_channel(SERVER["health"]) as ch:
+        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        assert r.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_pick_cpu_on_the_agents_node(stubs, server):
-    with grpc.insecure_channel(server) as ch:
+def test_nothing_works_without_a_trusted_certificate(stubs, pki, server):
+    admin = stubs["admin"]
+    for ch in (grpc.insecure_channel(server), grpc.secure_channel(server, pki.credentials())):
+        with ch:
+            with pytest.raises(grpc.RpcError) as e:
+                stubs["admin_grpc"].AdminServiceStub(ch).ListNodes(admin.ListNodesRequest(), timeout=2)
+            assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED)
+    # Another CA's certificate with a valid SPIFFE ID.
+    other = Pki()
+    try:
+        cert, key = other.client("admin", "mallory")
+        creds = grpc.ssl_channel_credentials(root_certificates=open(pki.path("ca.crt"), "rb").read(),
+                                             private_key=open(key, "rb").read(),
+                                             certificate_chain=open(cert, "rb").read())
+        with grpc.secure_channel(server, creds) as ch:
+            with pytest.raises(grpc.RpcError) as e:
+                stubs["admin_grpc"].AdminServiceStub(ch).ListNodes(admin.ListNodesRequest(), timeout=2)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        other.cleanup()
+
+
+def test_roles(stubs, pki, server):
+    pl, adm = stubs["placement"], stubs["admin"]
+    with channel(pki, server, "node", "py") as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            stubs["placement_grpc"].PlacementServiceStub(ch).PickCpu(pl.PickCpuRequest(node_id="py"), timeout=2)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with channel(pki, server) as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            stubs["admin_grpc"].AdminServiceStub(ch).SetFeatures(
+                adm.SetFeaturesRequest(set={"PREFER_LAST_IDLE_CPU": True}), timeout=2)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "admin" in e.value.details()
+
+
+def test_pick_cpu_on_the_agents_node(stubs, pki, server):
+    with channel(pki, server) as ch:
         node = wait_node(stubs, ch)
         p = stubs["placement_grpc"].PlacementServiceStub(ch)
         t = stubs["types"].Task(prev_cpu=0)
@@ -67,10 +117,10 @@ def test_pick_cpu_on_the_agents_node(stubs, server):
         assert e.value.details().startswith("this_cpu:")
 
 
-def test_decide_matches_the_expected_answers(stubs, server):
+def test_decide_matches_the_expected_answers(stubs, pki, server):
     with open(os.path.join(ROOT, "server", "tests", "cases", "examples.jsonl")) as f:
         scenarios = [json.loads(l) for l in f if l.strip()]
-    with grpc.insecure_channel(server) as ch:
+    with channel(pki, server) as ch:
         p = stubs["placement_grpc"].PlacementServiceStub(ch)
         for s in scenarios:
             a = json.loads(p.Decide(stubs["placement"].DecideRequest(scenario_json=json.dumps(s)), timeout=5).answer_json)
@@ -79,7 +129,7 @@ def test_decide_matches_the_expected_answers(stubs, server):
             assert {k: a[k] for k in keys} == {k: e[k] for k in keys}, s.get("name")
 
 
-def test_balance_proposes_moving_a_task_to_the_idle_cpu(stubs, server):
+def test_balance_proposes_moving_a_task_to_the_idle_cpu(stubs, pki, server):
     """A Python agent stream reports two CPUs, one running three cold tasks
     and one idle; Balance from the idle CPU proposes one migration (the MC
     domain: sibling imbalance 3 - 0 = 3, halved = 1 task), the coldest
@@ -99,9 +149,11 @@ def test_balance_proposes_moving_a_task_to_the_idle_cpu(stubs, server):
         for j in range(3)])]
     msgs = [agm.AgentMessage(register=agm.Register(node_id="pybal", topology=topo)),
             agm.AgentMessage(update=agm.Update(seq=1, full=True, cpus=cpus, tasks=tasks))]
-    with grpc.insecure_channel(server) as ch:
+    # The stream with a node certificate for pybal, the calls as an orchestrator.
+    with channel(pki, server, "node", "pybal") as ch:
         acks = list(stubs["agent_grpc"].AgentServiceStub(ch).Report(iter(msgs), timeout=5))
         assert not acks[-1].HasField("rejection"), acks[-1]
+    with channel(pki, server) as ch:
         p = stubs["placement_grpc"].PlacementServiceStub(ch)
         # The stream ended, but the node stays registered and fresh.
         r = p.Balance(pl.BalanceRequest(node_id="pybal", cpus="1"), timeout=5)

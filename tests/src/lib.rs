@@ -45,6 +45,8 @@ pub struct Server {
     pub child: Child,
     pub grpc: String,
     pub metrics: String,
+    /// The plaintext health-only listener (`--health-addr`).
+    pub health: Option<String>,
 }
 
 impl Server {
@@ -68,10 +70,12 @@ impl Server {
             .expect("server prints its addresses");
         let grpc = field(&line, "grpc=").expect("grpc address");
         let metrics = field(&line, "metrics=").expect("metrics address");
+        let health = field(&line, "health=");
         Server {
             child,
             grpc,
             metrics,
+            health,
         }
     }
 
@@ -171,6 +175,8 @@ pub fn http_get(url: &str) -> String {
 }
 
 pub use fairplace_proto::v1 as pb;
+
+pub mod tls;
 use pb::agent_message::Body;
 use tokio::sync::mpsc;
 
@@ -203,6 +209,16 @@ impl Reporter {
             .connect()
             .await
             .expect("connect");
+        Self::register_on(ch, node_id, topology, labels).await
+    }
+
+    /// Like `register_labelled`, on a channel made by the caller (over TLS).
+    pub async fn register_on(
+        ch: tonic::transport::Channel,
+        node_id: &str,
+        topology: pb::Topology,
+        labels: &[(&str, &str)],
+    ) -> Result<Reporter, tonic::Status> {
         let mut client = pb::agent_service_client::AgentServiceClient::new(ch);
         let (tx, rx) = mpsc::channel(16);
         tx.send(pb::AgentMessage {

@@ -115,6 +115,78 @@ fn sixty_four_concurrent_claims_get_sixty_four_distinct_cpus() {
 }
 
 #[test]
+fn sixty_four_claimed_forks_without_idle_stamps_spread_over_the_idle_cpus() {
+    // Every CPU idle, with no idle-state exit latency and idle_stamp 0: what
+    // an agent on a machine without cpuidle sent. The slow path's
+    // sched_balance_find_dst_group_cpu takes the most recently idle CPU with
+    // a stamp above 0; with none it keeps this_cpu, and every fork landed on
+    // CPU 0. The store stamps such CPUs with the report that first showed
+    // them idle, as the kernel stamps a CPU going idle.
+    let server = Server::start(&["--claim-ttl-ms", "60000"]);
+    rt().block_on(async {
+        let mut r = Reporter::register(&server.grpc, "forks", topology(2, 1, 16, 2))
+            .await
+            .unwrap();
+        let idle = states(64, &[]);
+        assert!(
+            idle.iter()
+                .all(|s| s.idle_stamp == 0 && s.idle_exit_latency.is_none())
+        );
+        let ack = r.update(1, true, idle, "forks").await.unwrap();
+        assert!(ack.rejection.is_none());
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let node = c.get_node("forks").await.unwrap();
+        assert!(
+            node.cpus.iter().all(|s| s.idle_stamp > 0),
+            "the store stamps idle CPUs reported without a stamp"
+        );
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                c.pick_cpu(pb::PickCpuRequest {
+                    node_id: "forks".into(),
+                    kind: pb::RequestKind::Fork as i32,
+                    this_cpu: 0,
+                    claim: true,
+                    ..Default::default()
+                })
+                .await
+            }));
+        }
+        let mut cpus = Vec::new();
+        for t in tasks {
+            cpus.push(t.await.unwrap().unwrap().cpu);
+        }
+        let on_0 = cpus.iter().filter(|&&c| c == 0).count();
+        cpus.sort_unstable();
+        cpus.dedup();
+        assert_eq!(
+            cpus.len(),
+            64,
+            "64 claimed forks on 64 idle CPUs take one each ({on_0} on CPU 0): {cpus:?}"
+        );
+        let node = c.get_node("forks").await.unwrap();
+        assert_eq!(node.claims.values().sum::<u32>(), 64);
+        // A report showing a CPU still idle keeps its stamp; one that shows
+        // it busy drops it, and idle again restamps it later.
+        let stamp = |n: &pb::GetNodeResponse, cpu: usize| n.cpus[cpu].idle_stamp;
+        let s3 = stamp(&node, 3);
+        let mut busy = states(64, &[4]);
+        busy.retain(|s| s.id == 3 || s.id == 4);
+        r.update(2, false, busy, "forks").await.unwrap();
+        let n2 = c.get_node("forks").await.unwrap();
+        assert_eq!(stamp(&n2, 3), s3);
+        assert_eq!(stamp(&n2, 4), 0);
+        let mut again = states(64, &[]);
+        again.retain(|s| s.id == 4);
+        r.update(3, false, again, "forks").await.unwrap();
+        let n3 = c.get_node("forks").await.unwrap();
+        assert!(stamp(&n3, 4) > s3, "{} > {s3}", stamp(&n3, 4));
+    });
+}
+
+#[test]
 fn claims_end_with_their_ttl() {
     let server = Server::start(&["--claim-ttl-ms", "100"]);
     rt().block_on(async {

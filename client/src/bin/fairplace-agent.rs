@@ -18,6 +18,8 @@ struct Args {
     /// The server's gRPC address.
     #[arg(long, default_value = "127.0.0.1:50051")]
     server: String,
+    #[command(flatten)]
+    tls: fairplace_client::TlsArgs,
     /// Node id; default: this machine's hostname.
     #[arg(long, env = "FAIRPLACE_NODE_ID")]
     node_id: Option<String>,
@@ -102,6 +104,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "fairplace_agent_rejections_total",
             "Updates the server rejected, by reason."
         );
+        metrics::describe_counter!(
+            "fairplace_agent_capped_total",
+            "Tasks or runtime entries left out to fit the server's limits, by part."
+        );
+        metrics::describe_counter!(
+            "fairplace_agent_parts_left_out_total",
+            "Updates sent without a part (tasks, runtime) the server had refused, by part."
+        );
         metrics::describe_histogram!(
             "fairplace_agent_send_duration_seconds",
             metrics::Unit::Seconds,
@@ -131,6 +141,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         backoff_min: Duration::from_millis(100),
         backoff_max: Duration::from_secs(10),
         max_message_bytes: a.max_message_bytes,
+        tls: a.tls.clone().into(),
     };
     match a.simulate {
         Some(n) => {

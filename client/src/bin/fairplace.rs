@@ -29,8 +29,15 @@ struct Cli {
     #[arg(long, global = true, default_value_t = 2000)]
     deadline_ms: u64,
     /// Bearer token for admin calls.
-    #[arg(long, global = true, env = "FAIRPLACE_ADMIN_TOKEN")]
+    #[arg(
+        long,
+        global = true,
+        env = "FAIRPLACE_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
     token: Option<String>,
+    #[command(flatten)]
+    tls: fairplace_client::TlsArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -192,7 +199,8 @@ async fn main() {
 }
 
 async fn connect(cli: &Cli) -> Result<Client, String> {
-    let mut c = Client::connect(&cli.server)
+    let tls: fairplace_client::TlsOptions = cli.tls.clone().into();
+    let mut c = Client::connect_tls(&cli.server, &tls)
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", cli.server))?
         .with_token(cli.token.clone());
@@ -731,6 +739,7 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(2),
             max_message_bytes: 4 << 20,
+            tls: Default::default(),
         },
         machine,
         agent_stop.clone(),
@@ -754,6 +763,7 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(2),
             max_message_bytes: 4 << 20,
+            tls: Default::default(),
         },
         sim,
         agent_stop.clone(),

@@ -4,8 +4,12 @@
 pub mod admin;
 pub mod agent;
 pub mod convert;
+pub mod heavy;
+pub mod identity;
 pub mod layers;
+pub mod listener;
 pub mod placement;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,8 +19,9 @@ use fairplace_proto::v1::admin_service_server::AdminServiceServer;
 use fairplace_proto::v1::agent_service_server::AgentServiceServer;
 use fairplace_proto::v1::placement_service_server::PlacementServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio::sync::watch;
 use tonic::transport::Server;
+use tonic_health::pb::health_server::{Health, HealthServer};
 
 use crate::metrics as m;
 use crate::store::{Store, StoreConfig};
@@ -29,22 +34,52 @@ pub struct ServeConfig {
     pub max_concurrency: usize,
     pub max_message_bytes: usize,
     pub admin_token: Option<String>,
+    /// A Report stream must register within this long.
+    pub register_timeout: Duration,
+    /// After a shutdown signal, calls in flight get this long; then the
+    /// server returns whatever is still open.
+    pub shutdown_grace: Duration,
+    /// Screening of new connections (preface timeout, accept backoff).
+    pub listen: listener::ListenOpts,
+    /// Heavy jobs (Decide, Balance, topology builds) running at once, and
+    /// how many more may wait.
+    pub heavy_workers: usize,
+    pub heavy_queue: usize,
+    /// TLS on the gRPC port; with a client CA, mutual TLS and the role
+    /// table (`identity`).
+    pub tls: Option<tls::TlsSettings>,
+    /// The SPIFFE trust domain client certificates must name.
+    pub trust_domain: String,
+    /// A plaintext listener that serves only grpc.health.v1 (for probes
+    /// that cannot present a client certificate).
+    pub health_listener: Option<Arc<std::net::TcpListener>>,
 }
 
 impl Default for ServeConfig {
     fn default() -> Self {
+        let heavy_workers = heavy::default_workers();
         Self {
             store: StoreConfig::default(),
             request_timeout: Duration::from_secs(2),
             max_concurrency: 1024,
             max_message_bytes: 4 << 20,
             admin_token: None,
+            register_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(5),
+            listen: listener::ListenOpts::default(),
+            heavy_workers,
+            heavy_queue: 4 * heavy_workers,
+            tls: None,
+            trust_domain: "fairplace".into(),
+            health_listener: None,
         }
     }
 }
 
-/// Serves until `shutdown` resolves; then health turns NOT_SERVING and the
-/// calls in flight finish before this returns.
+/// Serves until `shutdown` resolves; then health turns NOT_SERVING, the
+/// listener closes, Report streams end with UNAVAILABLE (agents reconnect
+/// elsewhere), unary calls in flight finish, and this returns within
+/// `shutdown_grace` whatever is still open.
 pub async fn serve(
     cfg: ServeConfig,
     listener: TcpListener,
@@ -84,12 +119,19 @@ pub async fn serve_store(
         .build_v1alpha()?;
 
     let max = cfg.max_message_bytes;
+    let heavy = heavy::HeavyPool::new(cfg.heavy_workers, cfg.heavy_queue);
+    // Flips to true when shutdown begins: Report streams end on it.
+    let (stopping_tx, stopping) = watch::channel(false);
     let placement = PlacementServiceServer::new(placement::Placement {
         store: Arc::clone(&store),
+        heavy: heavy.clone(),
     })
     .max_decoding_message_size(max);
     let agent = AgentServiceServer::new(agent::Agent {
         store: Arc::clone(&store),
+        heavy: heavy.clone(),
+        register_timeout: cfg.register_timeout,
+        stopping: stopping.clone(),
     })
     .max_decoding_message_size(max);
     let admin = AdminServiceServer::new(admin::Admin {
@@ -104,47 +146,147 @@ pub async fn serve_store(
 
     let layers = tower::ServiceBuilder::new()
         .layer(layers::MetricsLayer)
-        .layer(layers::ShedLayer::new(cfg.max_concurrency));
+        // The role table: who may call what (everyone without --client-ca).
+        .layer(identity::AuthLayer::new(
+            cfg.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        ))
+        .layer(layers::ShedLayer::new(
+            cfg.max_concurrency,
+            cfg.heavy_workers + cfg.heavy_queue,
+        ));
     let health_on_stop = health.clone();
-    let result = Server::builder()
+    // TLS material is checked before anything is served; a bad file stops
+    // the server here.
+    let tls = cfg
+        .tls
+        .clone()
+        .map(|t| tls::TlsReloader::load(t, &cfg.trust_domain))
+        .transpose()?;
+    let tls_watch = tls.as_ref().map(|t| t.spawn_watch());
+    let health_only = match &cfg.health_listener {
+        Some(l) => Some(serve_health_only(l, health_service.clone(), cfg.listen)?),
+        None => None,
+    };
+    let router = Server::builder()
         .timeout(cfg.request_timeout)
         // A silently dropped agent connection is noticed and its stream ended.
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        // A small per-stream window: a request shed before its body is read
+        // has sent at most 64 KiB of it, not megabytes.
+        .initial_stream_window_size(Some(64 << 10))
+        .initial_connection_window_size(Some(1 << 20))
         .layer(layers)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(placement)
         .add_service(agent)
-        .add_service(admin)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-            shutdown.await;
-            tracing::info!("shutting down: health NOT_SERVING, finishing calls in flight");
-            health_on_stop
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
-                .await;
-            health_on_stop
-                .set_not_serving::<PlacementServiceServer<placement::Placement>>()
-                .await;
-            health_on_stop
-                .set_not_serving::<AgentServiceServer<agent::Agent>>()
-                .await;
-            health_on_stop
-                .set_not_serving::<AdminServiceServer<admin::Admin>>()
-                .await;
-        })
-        .await;
+        .add_service(admin);
+    let signal = async move {
+        shutdown.await;
+        tracing::info!(
+            "shutting down: health NOT_SERVING, Report streams end, finishing calls in flight"
+        );
+        set_not_serving(&health_on_stop).await;
+        let _ = stopping_tx.send(true);
+    };
+    // The same router over TLS connections (each handshake a screening
+    // stage of the listener) or over plaintext ones.
+    let server: Serving = match tls {
+        Some(tls) => Box::pin(router.serve_with_incoming_shutdown(
+            listener::incoming(listener, cfg.listen, move |s| Arc::clone(&tls).accept(s)),
+            signal,
+        )),
+        None => Box::pin(router.serve_with_incoming_shutdown(
+            listener::incoming(listener, cfg.listen, listener::http2_preface),
+            signal,
+        )),
+    };
+    let grace = cfg.shutdown_grace;
+    let deadline = async move {
+        let mut stopping = stopping;
+        let _ = stopping.wait_for(|s| *s).await;
+        tokio::time::sleep(grace).await;
+    };
+    let result = tokio::select! {
+        r = server => r.map_err(Into::into),
+        _ = deadline => {
+            tracing::warn!(grace_ms = grace.as_millis() as u64, "shutdown grace over: closing what is still open");
+            Ok(())
+        }
+    };
     sweeper.abort();
-    result.map_err(Into::into)
+    if let Some(w) = tls_watch {
+        w.abort();
+    }
+    if let Some(h) = health_only {
+        h.abort();
+    }
+    result
 }
 
-/// Claim expiry, freshness gauges and forgetting long-dead nodes.
+/// The server's future, whichever connections it serves.
+type Serving = std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+
+/// Serves grpc.health.v1 alone, in plaintext, on its own listener: the
+/// kubelet's gRPC probes present no client certificate. It reports what the
+/// main port's health service reports (NOT_SERVING from shutdown on).
+fn serve_health_only(
+    l: &std::net::TcpListener,
+    health: HealthServer<impl Health>,
+    listen: listener::ListenOpts,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let l = l.try_clone()?;
+    l.set_nonblocking(true)?;
+    let l = TcpListener::from_std(l)?;
+    let incoming = listener::incoming(l, listen, listener::http2_preface);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = Server::builder()
+            .add_service(health)
+            .serve_with_incoming(incoming)
+            .await
+        {
+            tracing::warn!(error = %e, "health listener stopped");
+        }
+    }))
+}
+
+async fn set_not_serving(health: &tonic_health::server::HealthReporter) {
+    // The metrics port's /healthz too.
+    crate::exposition::set_serving(false);
+    health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    health
+        .set_not_serving::<PlacementServiceServer<placement::Placement>>()
+        .await;
+    health
+        .set_not_serving::<AgentServiceServer<agent::Agent>>()
+        .await;
+    health
+        .set_not_serving::<AdminServiceServer<admin::Admin>>()
+        .await;
+}
+
+/// Claim expiry and forgetting long-dead nodes. The per-node series and
+/// the node counts are rendered from the store at scrape time
+/// (`crate::exposition`), so this loop keeps no metrics per node, and claim
+/// expiry visits only the nodes that hold claims.
 async fn housekeeping(store: Arc<Store>) {
+    // /metrics renders this store, and /healthz answers 200, while it runs.
+    crate::exposition::expose_store(&store);
+    struct NotServing;
+    impl Drop for NotServing {
+        fn drop(&mut self) {
+            crate::exposition::set_serving(false);
+        }
+    }
+    let _not_serving = NotServing;
     let tick =
         (store.config.claim_ttl / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
     let mut interval = tokio::time::interval(tick);
-    let mut last_gauges = Instant::now() - Duration::from_secs(1);
+    let mut last_sweep = Instant::now() - Duration::from_secs(1);
     loop {
         interval.tick().await;
         let now = Instant::now();
@@ -152,61 +294,11 @@ async fn housekeeping(store: Arc<Store>) {
         if expired > 0 {
             metrics::counter!(m::CLAIMS_EXPIRED).increment(expired as u64);
         }
-        if now.duration_since(last_gauges) >= Duration::from_millis(500) {
-            last_gauges = now;
+        if now.duration_since(last_sweep) >= Duration::from_millis(500) {
+            last_sweep = now;
             store.uncount_stale(now);
             store.forget_stale(now);
-            let (mut fresh, mut stale) = (0usize, 0usize);
-            for n in store.nodes() {
-                let snap = n.snapshot();
-                if store.is_fresh(&snap, now) {
-                    fresh += 1;
-                } else {
-                    stale += 1;
-                }
-                node_gauges(&n.id, &snap, now);
-                // Only nodes that report runtime have cache-aware series.
-                if let Some((procs, with, on)) = store.cache_gauges(&n) {
-                    let id = n.id.clone();
-                    metrics::gauge!(m::NODE_CACHE_PROCESSES, "node" => id.clone())
-                        .set(procs as f64);
-                    metrics::gauge!(m::NODE_CACHE_TASKS_PREF, "node" => id.clone())
-                        .set(with as f64);
-                    metrics::gauge!(m::NODE_CACHE_TASKS_ON_PREF, "node" => id).set(on as f64);
-                }
-            }
-            metrics::gauge!(m::NODES, "freshness" => "fresh").set(fresh as f64);
-            metrics::gauge!(m::NODES, "freshness" => "stale").set(stale as f64);
-            metrics::gauge!(m::CLAIMS_OUTSTANDING).set(store.claims_outstanding() as f64);
         }
-    }
-}
-
-/// The per-node series of the node drill-down dashboard.
-fn node_gauges(id: &str, snap: &crate::store::Snapshot, now: Instant) {
-    let node = id.to_string();
-    let (mut idle, mut running, mut sched_idle) = (0u64, 0u64, 0u64);
-    let mut llc: std::collections::BTreeMap<u32, (i64, i64)> = Default::default();
-    for (i, c) in snap.state.cpus.iter().enumerate() {
-        if !c.online {
-            continue;
-        }
-        idle += c.available_idle() as u64;
-        running += c.nr_running as u64;
-        sched_idle += c.sched_idle_rq() as u64;
-        let e = llc.entry(snap.topo.spec.cpus[i].llc).or_default();
-        e.0 += c.util_avg;
-        e.1 += 1;
-    }
-    metrics::gauge!(m::NODE_IDLE_CPUS, "node" => node.clone()).set(idle as f64);
-    metrics::gauge!(m::NODE_NR_RUNNING, "node" => node.clone()).set(running as f64);
-    metrics::gauge!(m::NODE_SCHED_IDLE_CPUS, "node" => node.clone()).set(sched_idle as f64);
-    for (l, (sum, n)) in llc {
-        metrics::gauge!(m::NODE_LLC_UTIL, "node" => node.clone(), "llc" => l.to_string())
-            .set((sum / n.max(1)) as f64);
-    }
-    if let Some(age) = snap.age(now) {
-        metrics::gauge!(m::NODE_STATE_AGE, "node" => node).set(age.as_secs_f64());
     }
 }
 
@@ -228,7 +320,10 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Binds the metrics endpoint and returns its address.
-pub fn install_metrics(addr: SocketAddr) -> Result<(), String> {
-    m::install(addr).map(|_| ())
+/// Installs the metrics recorder and serves `/metrics` and `/healthz` on
+/// `addr` (port 0: any free port); returns the bound address. `/healthz`
+/// is 200 while `serve` runs and 503 from the moment shutdown begins (see
+/// [`crate::exposition`]).
+pub fn install_metrics(addr: SocketAddr) -> Result<SocketAddr, String> {
+    m::install(addr)
 }
