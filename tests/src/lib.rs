@@ -23,14 +23,10 @@ pub fn bin(name: &str) -> PathBuf {
     BUILT.get_or_init(|| {
         let release = bin_dir().ends_with("release");
         let mut cmd = Command::new(env!("CARGO"));
-        cmd.args([
-            "build",
-            "--bins",
-            "-p",
-            "fairplace-server",
-            "-p",
-            "fairplace-client",
-        ]);
+        // The same targets `cargo test --workspace` builds, so the features
+        // unify the same way: after a workspace test build this is a no-op,
+        // not a relink of every binary against another set of features.
+        cmd.args(["build", "--workspace", "--bins", "--tests"]);
         if release {
             cmd.arg("--release");
         }
