@@ -252,3 +252,63 @@ fn nonsensical_flag_values_are_refused_naming_the_flag() {
         assert!(err.contains(flag), "{flag}: {err}");
     }
 }
+
+/// CPU time (user + system, clock ticks) of a process.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of stat (utime, stime) are 12 and 13 after the name.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+#[test]
+fn out_of_descriptors_the_server_backs_off_and_logs_once_per_interval() {
+    // The server with 64 descriptors; 200 connections exhaust them, so
+    // accept() fails with EMFILE while they stay open.
+    let log = std::env::temp_dir().join(format!("fairplace-emfile-{}.log", std::process::id()));
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 64 && exec {} serve --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 2>{}",
+            bin("fairplace-server").display(),
+            log.display()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let grpc = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("grpc="))
+        .expect("grpc address")
+        .to_string();
+    let conns: Vec<TcpStream> = (0..200)
+        .filter_map(|_| TcpStream::connect(&grpc).ok())
+        .collect();
+    assert!(conns.len() > 64, "the backlog took the connections");
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = cpu_ticks(child.id());
+    std::thread::sleep(Duration::from_secs(3));
+    let used = cpu_ticks(child.id()) - t0;
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    std::fs::remove_file(&log).ok();
+    let warnings = text.lines().filter(|l| l.contains("accept failed")).count();
+    assert!(warnings >= 1, "the failure is logged: {text}");
+    // At most one line per 10 s (plus the first), not one per attempt.
+    assert!(warnings <= 2, "{warnings} accept warnings:\n{text}");
+    // Backing off, not spinning: well under a core over 3 s (300 ticks).
+    assert!(
+        used < 60,
+        "{used} ticks of CPU in 3 s while out of descriptors"
+    );
+    drop(conns);
+}
