@@ -11,7 +11,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::decision::{Kind, PlaceRequest};
 use fairplace::engine::features::Features;
-use fairplace::engine::migrate::new_dst_cpu_loop;
+use fairplace::engine::balance::migrate::new_dst_cpu_loop;
 use fairplace::engine::state::{CpuState, NodeState, SharedHint, Task};
 use fairplace::engine::{View, select_task_rq};
 use fairplace_benches::{Lcg, busy_cpu, node_256, state, system};

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
 use crate::engine::features::{Features, SERVICE_ONLY, System};
-use crate::engine::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
+use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::state::{CpuState, NodeState, Policy, SharedHint, Task};
 use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, TopologySpec};
 use crate::engine::{View, can_migrate_task, select_task_rq};

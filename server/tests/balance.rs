@@ -19,8 +19,8 @@ use fairplace::engine::View;
 use fairplace::engine::balance::{BalanceOpts, Balancer, PassStats, Proposal, RqTask, TaskTable};
 use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::features::{Features, System};
-use fairplace::engine::lb::GroupType;
-use fairplace::engine::migrate::MigrationType;
+use fairplace::engine::balance::lb::GroupType;
+use fairplace::engine::balance::migrate::MigrationType;
 use fairplace::engine::state::{CpuState, NodeState, Policy};
 use fairplace::engine::topology::{CpuTopo, Level, Topology, TopologySpec};
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use fairplace::engine::balance::RqTask;
 use fairplace::engine::cpumask::CpuMask;
-use fairplace::engine::migrate::MigrationType;
+use fairplace::engine::balance::migrate::MigrationType;
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
 use fairplace::store::{

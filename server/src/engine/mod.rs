@@ -7,19 +7,14 @@
 
 pub mod balance;
 pub mod cache;
-pub mod core;
 pub mod cpumask;
 pub(crate) mod ctx;
 pub mod decision;
-pub mod fair;
 pub mod features;
-pub mod lb;
-pub mod migrate;
-pub mod sis;
-pub mod slowpath;
+pub mod placement;
 pub mod state;
 pub mod topology;
 
-pub use self::core::select_task_rq;
+pub use balance::migrate::can_migrate_task;
+pub use placement::core::select_task_rq;
 pub use ctx::View;
-pub use migrate::can_migrate_task;

@@ -7,8 +7,8 @@ use tonic::Status;
 use crate::engine::balance::{PassStats, Proposal, RqTask, TaskTable};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
-use crate::engine::lb::GroupType;
-use crate::engine::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
+use crate::engine::balance::lb::GroupType;
+use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::state::{CpuState, Policy, Task};
 use crate::engine::topology::{CpuTopo, FieldError, Topology, TopologySpec};
 use crate::store::{

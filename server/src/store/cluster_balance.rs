@@ -20,8 +20,8 @@ use crate::cluster::NodeAgg;
 use crate::engine::balance::{
     PassStats, RqTask, SCHED_NR_MIGRATE, cpu_util_cfs_boost, h_nr_runnable,
 };
-use crate::engine::lb::{self, DomainParams, GroupType, SdTotals, SgLbStats};
-use crate::engine::migrate::{MigrationType, Reason};
+use crate::engine::balance::lb::{self, DomainParams, GroupType, SdTotals, SgLbStats};
+use crate::engine::balance::migrate::{MigrationType, Reason};
 use crate::engine::state::CpuState;
 use crate::engine::topology::FieldError;
 use crate::quote::quote;

@@ -5,7 +5,7 @@
 //! These read only per-group sums, so the node balancer (groups of CPUs) and
 //! the cluster balancer (groups of nodes) share them.
 
-use super::migrate::MigrationType;
+use crate::engine::balance::migrate::MigrationType;
 
 /// `enum group_type`, in the kernel's numeric order (lower = idler).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -13,13 +13,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::cache::{self, LlcView};
-use super::cpumask::CpuMask;
-use super::ctx::{Ctx, View};
-use super::lb::{self, DomainParams, GroupType, SdTotals, SgLbStats};
-use super::migrate::{self, IdleType, MigrateEnv, MigrationType, Reason, lbf};
-use super::state::{CpuState, NodeState, Policy, Task};
-use super::topology::{Domain, Level, SpanId, Topology, sd};
+use crate::engine::cache::{self, LlcView};
+use crate::engine::cpumask::CpuMask;
+use crate::engine::ctx::{Ctx, View};
+use crate::engine::balance::lb::{self, DomainParams, GroupType, SdTotals, SgLbStats};
+use crate::engine::balance::migrate::{self, IdleType, MigrateEnv, MigrationType, Reason, lbf};
+use crate::engine::state::{CpuState, NodeState, Policy, Task};
+use crate::engine::topology::{Domain, Level, SpanId, Topology, sd};
 
 /// `sysctl_sched_nr_migrate` and `SCHED_NR_MIGRATE_BREAK`.
 pub const SCHED_NR_MIGRATE: u32 = 32;

@@ -1,9 +1,9 @@
 //! The core wrapper (core.c): `select_task_rq()`, its callers for wakeup, fork
 //! and exec, and `select_fallback_rq()`.
 
-use super::ctx::{Ctx, View};
-use super::decision::{Kind, Path, PlaceRequest, Placement};
-use super::state::Task;
+use crate::engine::ctx::{Ctx, View};
+use crate::engine::decision::{Kind, Path, PlaceRequest, Placement};
+use crate::engine::state::Task;
 
 /// Places a waking, forked or exec'ing task as the kernel would.
 pub fn select_task_rq(view: View<'_>, p: &Task, req: &PlaceRequest) -> Placement {

@@ -1,10 +1,10 @@
 //! Migration: `can_migrate_task()` and `task_hot()`, in the kernel's order.
 
-use super::cache::LlcView;
-use super::cpumask::CpuMask;
-use super::ctx::{Ctx, View};
-use super::state::{Policy, Task};
-use super::topology::sd;
+use crate::engine::cache::LlcView;
+use crate::engine::cpumask::CpuMask;
+use crate::engine::ctx::{Ctx, View};
+use crate::engine::state::{Policy, Task};
+use crate::engine::topology::sd;
 
 /// `env->flags` bits.
 pub mod lbf {

@@ -5,10 +5,10 @@
 //! `scanned` counts the idle-state tests made inside the four scans only,
 //! exactly where the kernel would test one CPU's idleness in a loop.
 
-use super::cpumask::{CpuMask, WrapWalk};
-use super::ctx::Ctx;
-use super::decision::{Path, PlaceRequest};
-use super::topology::{Domain, sd};
+use crate::engine::cpumask::{CpuMask, WrapWalk};
+use crate::engine::ctx::Ctx;
+use crate::engine::decision::{Path, PlaceRequest};
+use crate::engine::topology::{Domain, sd};
 
 impl Ctx<'_> {
     /// `select_idle_sibling()`: the cheapest idle CPU that shares a cache with

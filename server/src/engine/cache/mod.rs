@@ -17,11 +17,11 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::balance::RqTask;
-use super::cpumask::CpuMask;
-use super::lb::SgLbStats;
-use super::state::NodeState;
-use super::topology::{Domain, Topology, sd};
+use crate::engine::balance::RqTask;
+use crate::engine::cpumask::CpuMask;
+use crate::engine::balance::lb::SgLbStats;
+use crate::engine::state::NodeState;
+use crate::engine::topology::{Domain, Topology, sd};
 
 /// `NICE_0_LOAD` unscaled (64-bit): only ratios matter.
 const NICE_0_LOAD: u128 = 1 << 20;

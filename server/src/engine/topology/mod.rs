@@ -19,7 +19,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Deref;
 use std::sync::Arc;
 
-use super::cpumask::{CpuMask, MAX_CPUS};
+use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 
 /// Sched-domain flags (the subset these algorithms read).
 pub mod sd {

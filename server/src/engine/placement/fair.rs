@@ -1,9 +1,9 @@
 //! `select_task_rq_fair()` (fair.c): the wake-affine decision and the walk up
 //! the domains that chooses between the fast path and the slow path.
 
-use super::ctx::Ctx;
-use super::decision::{Affine, Kind, Path, PlaceRequest};
-use super::topology::{Domain, sd};
+use crate::engine::ctx::Ctx;
+use crate::engine::decision::{Affine, Kind, Path, PlaceRequest};
+use crate::engine::topology::{Domain, sd};
 
 impl Ctx<'_> {
     /// `select_task_rq_fair()`.

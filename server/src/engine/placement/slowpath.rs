@@ -2,11 +2,11 @@
 //! domains; at each level `sched_balance_find_dst_group()` picks the idlest
 //! group (or stays local) and `sched_balance_find_dst_group_cpu()` the CPU.
 
-use super::cpumask::CpuMask;
-use super::ctx::Ctx;
-use super::decision::Path;
-use super::lb::adjust_numa_imbalance;
-use super::topology::{Domain, SpanId, sd};
+use crate::engine::cpumask::CpuMask;
+use crate::engine::ctx::Ctx;
+use crate::engine::decision::Path;
+use crate::engine::balance::lb::adjust_numa_imbalance;
+use crate::engine::topology::{Domain, SpanId, sd};
 
 /// `enum group_type`, in the kernel's numeric order (lower = idler).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
