@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairplace::engine::balance::RqTask;
+use fairplace::engine::rq::RqTask;
 use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::balance::migrate::MigrationType;
 use fairplace::engine::state::CpuState;

@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use fairplace::cluster::{ClusterRequest, NodeAgg, group_classify};
+use fairplace::cluster::{ClusterRequest, NodeAgg};
+use fairplace::engine::group::GroupType;
 use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
@@ -107,8 +108,8 @@ fn spare_capacity_beats_an_overloaded_group() {
     s.apply(&n, g, &u, Instant::now()).unwrap();
     let b = n.snapshot().agg;
     assert_eq!(
-        group_classify(125, &b),
-        fairplace::cluster::GroupType::Overloaded
+        b.stats(125).group_type,
+        GroupType::Overloaded
     );
     assert_eq!(pick(&s, &ClusterRequest::default()).as_deref(), Some("a1"));
 }
@@ -234,11 +235,11 @@ fn node_aggregates_sum_the_online_cpus() {
     let a: NodeAgg = s.get("n").unwrap().snapshot().agg;
     assert_eq!(
         (
-            a.cpus,
-            a.idle_cpus,
-            a.nr_running,
-            a.load,
-            a.capacity,
+            a.sum.cpus,
+            a.sum.idle_cpus,
+            a.sum.nr_running,
+            a.sum.load,
+            a.sum.capacity,
             a.nr_cpus
         ),
         (4, 2, 2, 1800, 4096, 4)

@@ -12,7 +12,8 @@
 //! "preferred LLC" means the same; only the balancer's use of it differs.
 
 use clap::Parser;
-use fairplace::engine::balance::{BalanceOpts, Balancer, RqTask, TaskTable};
+use fairplace::engine::balance::{BalanceOpts, Balancer};
+use fairplace::engine::rq::{RqTask, TaskTable};
 use fairplace::engine::cache::{CacheParams, CacheState, LlcMap, ScanStrategy};
 use fairplace::engine::decision::{Kind, PlaceRequest};
 use fairplace::engine::features::Features;

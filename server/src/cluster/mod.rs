@@ -3,8 +3,9 @@
 //! Zones, racks (the levels are node labels, configurable) and nodes are the
 //! levels above each node's own NUMA / LLC / core domains. A placement with
 //! no node walks down from the top: at each level the groups' statistics are
-//! compared with the kernel's rules (`group_classify`, `update_pick_idlest`,
-//! the local-versus-idlest test with its NUMA-style allowance), then the
+//! compared with the kernel's own rules, the same code the node slow path
+//! runs ([`crate::engine::group`]: `group_classify`, `update_pick_idlest`,
+//! the local-versus-idlest test with its NUMA allowance), then the
 //! chosen node's own slow path picks the CPU.
 //!
 //! The group statistics are kept incrementally: every published snapshot
@@ -16,7 +17,11 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use crate::engine::state::{CpuState, NodeState};
+use crate::engine::group::{
+    DstDomain, NumaPref, SgLbStats, finish_wakeup_stats, leave_local_group, wakeup_stats,
+    update_pick_idlest,
+};
+use crate::engine::state::{CpuState, GroupSum, NodeState};
 use crate::engine::topology::Topology;
 
 /// One level of the hierarchy: the label that names its groups and the
@@ -53,21 +58,12 @@ impl Default for ClusterConfig {
     }
 }
 
-/// What one node contributes to its groups: the sums
-/// `update_sg_wakeup_stats()` needs, over the node's online CPUs.
+/// What one node contributes to its groups: its [`GroupSum`] over its
+/// online CPUs, and its topology's CPU count (a task whose lowest allowed
+/// CPU is beyond it cannot run on this node).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NodeAgg {
-    pub cpus: i64,
-    pub idle_cpus: i64,
-    pub sched_idle_cpus: i64,
-    pub nr_running: i64,
-    pub load: i64,
-    pub util: i64,
-    pub runnable: i64,
-    pub capacity: i64,
-    pub max_capacity: i64,
-    /// CPUs in the topology: a task whose lowest allowed CPU is beyond it
-    /// cannot run on this node.
+    pub sum: GroupSum,
     pub nr_cpus: i64,
 }
 
@@ -82,9 +78,9 @@ impl NodeAgg {
             if !c.online {
                 continue;
             }
-            a.cpus += 1;
+            a.sum.cpus += 1;
             a.add_cpu(topo, i, c, util_est, 1);
-            a.max_capacity = a.max_capacity.max(c.capacity as i64);
+            a.sum.max_capacity = a.sum.max_capacity.max(c.capacity as i64);
         }
         a
     }
@@ -93,16 +89,16 @@ impl NodeAgg {
     /// (not its count or the maximum capacity).
     #[inline]
     pub fn add_cpu(&mut self, topo: &Topology, i: usize, c: &CpuState, util_est: bool, sign: i64) {
-        self.nr_running += sign * c.nr_running as i64;
-        if c.nr_running == 0 && c.curr_is_idle && !c.ttwu_pending {
-            self.idle_cpus += sign;
-        }
-        self.sched_idle_cpus += sign * c.sched_idle_rq() as i64;
-        self.load += sign * c.load_avg;
-        self.runnable += sign * c.runnable_avg;
-        let e = if util_est { c.util_est } else { 0 };
-        self.util += sign * c.util_avg.max(e).min(topo.capacity_orig(i) as i64);
-        self.capacity += sign * c.capacity as i64;
+        self.sum.add_cpu(c, topo.capacity_orig(i), util_est, sign);
+    }
+
+    /// The node (or group) as classified wakeup statistics at a level of
+    /// `imbalance_pct`: a group of nodes is a group of their CPUs.
+    pub fn stats(&self, imbalance_pct: u32) -> SgLbStats {
+        let weight = self.sum.cpus.clamp(0, u32::MAX as i64) as u32;
+        let mut s = wakeup_stats(&self.sum, weight);
+        finish_wakeup_stats(imbalance_pct, &mut s);
+        s
     }
 }
 
@@ -118,18 +114,10 @@ pub struct GroupAcc {
 
 impl GroupAcc {
     fn add(&mut self, a: &NodeAgg, sign: i64) {
-        let s = &mut self.sum;
-        s.cpus += sign * a.cpus;
-        s.idle_cpus += sign * a.idle_cpus;
-        s.sched_idle_cpus += sign * a.sched_idle_cpus;
-        s.nr_running += sign * a.nr_running;
-        s.load += sign * a.load;
-        s.util += sign * a.util;
-        s.runnable += sign * a.runnable;
-        s.capacity += sign * a.capacity;
+        self.sum.sum.add(&a.sum, sign);
         self.nodes += sign;
         for (m, v) in [
-            (&mut self.max_cap, a.max_capacity),
+            (&mut self.max_cap, a.sum.max_capacity),
             (&mut self.max_cpus, a.nr_cpus),
         ] {
             if sign > 0 {
@@ -146,90 +134,32 @@ impl GroupAcc {
     /// The group as one aggregate (sums, and the maxima over its nodes).
     pub fn agg(&self) -> NodeAgg {
         NodeAgg {
-            max_capacity: self.max_cap.keys().next_back().copied().unwrap_or(0),
+            sum: GroupSum {
+                max_capacity: self.max_cap.keys().next_back().copied().unwrap_or(0),
+                ..self.sum.sum
+            },
             nr_cpus: self.max_cpus.keys().next_back().copied().unwrap_or(0),
-            ..self.sum
         }
     }
 }
 
-/// `enum group_type` for the cluster levels (lower = idler).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum GroupType {
-    HasSpare,
-    FullyBusy,
-    Overloaded,
-}
-
-/// `group_classify()` over a group's sums.
-pub fn group_classify(pct: i64, a: &NodeAgg) -> GroupType {
-    let overloaded = a.nr_running > a.cpus
-        && (a.capacity * 100 < a.util * pct || a.capacity * pct < a.runnable * 100);
-    if overloaded {
-        return GroupType::Overloaded;
-    }
-    let has_capacity = a.nr_running < a.cpus
-        || (a.capacity * pct >= a.runnable * 100 && a.capacity * 100 > a.util * pct);
-    if has_capacity {
-        GroupType::HasSpare
-    } else {
-        GroupType::FullyBusy
-    }
-}
-
-fn avg_load(a: &NodeAgg) -> i64 {
-    a.load * 1024 / a.capacity.max(1)
-}
-
-/// `update_pick_idlest()`: is `cand` a better target than `best`?
-fn better(pct: i64, best: &NodeAgg, cand: &NodeAgg) -> bool {
-    let (tb, tc) = (group_classify(pct, best), group_classify(pct, cand));
-    if tc != tb {
-        return tc < tb;
-    }
-    match tc {
-        GroupType::Overloaded | GroupType::FullyBusy => avg_load(cand) < avg_load(best),
-        GroupType::HasSpare => {
-            cand.idle_cpus > best.idle_cpus
-                || (cand.idle_cpus == best.idle_cpus && cand.util < best.util)
-        }
-    }
-}
-
-/// The end of `sched_balance_find_dst_group()`: leave the local group for
-/// the idlest one? Cluster levels behave like NUMA levels: a small idle-CPU
-/// difference (at most 2) is no reason to move while the local group would
-/// still run at most `imb_nr` tasks with this one. A node plays the part of
-/// an LLC: `imb_nr` is the group's node count, or for a one-node group an
-/// eighth of its CPUs (at least 1), as `imb_numa_nr` is built.
-fn leave_local(pct: i64, local: &NodeAgg, local_nodes: i64, idlest: &NodeAgg) -> bool {
-    let imb_nr = if local_nodes == 1 {
-        (local.cpus >> 3).max(1)
+/// The end of `sched_balance_find_dst_group()` at a cluster level: the
+/// kernel's rule with a NUMA level's allowance. A node plays the part of an
+/// LLC: the allowance is the local group's node count, or for a one-node
+/// group an eighth of its CPUs (at least 1), as `imb_numa_nr` is built.
+fn leave_local(pct: u32, local: &NodeAgg, local_nodes: i64, idlest: &NodeAgg) -> bool {
+    let allowed = if local_nodes == 1 {
+        (local.sum.cpus >> 3).max(1)
     } else {
         local_nodes
     };
-    let (tl, ti) = (group_classify(pct, local), group_classify(pct, idlest));
-    if tl != ti {
-        return tl > ti;
-    }
-    match tl {
-        GroupType::Overloaded | GroupType::FullyBusy => {
-            let imb = 1024 * (pct - 100) / 100;
-            let (l, i) = (avg_load(local), avg_load(idlest));
-            if i + imb >= l {
-                return false;
-            }
-            100 * l > pct * i
-        }
-        GroupType::HasSpare => {
-            let diff = (local.idle_cpus - idlest.idle_cpus).abs();
-            // local.nr_running + 1 <= imb_nr: room for this task too.
-            if local.nr_running < imb_nr && diff <= 2 {
-                return false;
-            }
-            local.idle_cpus < idlest.idle_cpus
-        }
-    }
+    let d = DstDomain {
+        imbalance_pct: pct,
+        numa: true,
+        allowed,
+        pref: NumaPref::None,
+    };
+    leave_local_group(&d, &local.stats(pct), &idlest.stats(pct))
 }
 
 /// A group of the hierarchy: its sums and its children (groups, or at the
@@ -424,7 +354,7 @@ impl Cluster {
                 .filter_map(|id| node_agg(&id).map(|a| (id.clone(), a, 1, id)))
                 .collect();
             let (node, n, moved) = choose(
-                self.config.node_imbalance_pct as i64,
+                self.config.node_imbalance_pct,
                 cands.into_iter(),
                 local_key.as_deref(),
             )?;
@@ -453,7 +383,7 @@ impl Cluster {
             .collect();
         while !cands.is_empty() {
             let (choice, n, moved) = choose(
-                lvl.imbalance_pct as i64,
+                lvl.imbalance_pct,
                 cands.iter().cloned(),
                 local_key.as_deref(),
             )?;
@@ -476,7 +406,7 @@ impl Cluster {
 /// the local one when the rules keep the task there. Returns the choice, the
 /// number of candidates compared, and whether it left the local group.
 fn choose<T>(
-    pct: i64,
+    pct: u32,
     cands: impl Iterator<Item = (String, NodeAgg, i64, T)>,
     local_key: Option<&str>,
 ) -> Option<(T, u32, bool)> {
@@ -490,7 +420,7 @@ fn choose<T>(
             continue;
         }
         match &idlest {
-            Some((best, _)) if !better(pct, best, &a) => {}
+            Some((best, _)) if !update_pick_idlest(&best.stats(pct), &a.stats(pct)) => {}
             _ => idlest = Some((a, t)),
         }
     }

@@ -8,7 +8,7 @@
 use super::cpumask::CpuMask;
 use super::decision::Detail;
 use super::features::{Features, System};
-use super::state::{CpuState, NodeState, Policy, Task};
+use super::state::{CpuState, NodeState, Policy, Task, cpu_util};
 use super::topology::Topology;
 
 /// The read-only view a decision runs against.
@@ -178,19 +178,14 @@ impl<'a> Ctx<'a> {
     /// `cpu_util()` for the slow path: the exec'ing task's own contribution is
     /// removed from its CPU (`with_task`).
     pub fn cpu_util(&self, cpu: usize, with_task: bool) -> i64 {
-        let rq = self.rq(cpu);
-        let mut u = rq.util_avg;
-        if with_task {
-            u = (u - self.p.util_avg).max(0);
-        }
-        if self.f.util_est {
-            let mut e = rq.util_est;
-            if with_task {
-                e = (e - self.p.util_est).max(0);
-            }
-            u = u.max(e);
-        }
-        u.min(self.topo.capacity_orig(cpu) as i64)
+        let without = with_task.then_some((self.p.util_avg, self.p.util_est));
+        cpu_util(
+            self.rq(cpu),
+            self.topo.capacity_orig(cpu),
+            self.f.util_est,
+            false,
+            without,
+        )
     }
 }
 

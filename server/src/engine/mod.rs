@@ -11,7 +11,9 @@ pub mod cpumask;
 pub(crate) mod ctx;
 pub mod decision;
 pub mod features;
+pub mod group;
 pub mod placement;
+pub mod rq;
 pub mod state;
 pub mod topology;
 

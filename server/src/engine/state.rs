@@ -76,7 +76,7 @@ impl CpuState {
     /// Checks the rules a runqueue's state must keep, given the CPU's
     /// topology capacity. Returns the offending field and what is wrong.
     pub fn check(&self, capacity_orig: u32) -> Result<(), (&'static str, String)> {
-        const MAX: i64 = (1 << 31) - 1;
+        const MAX: i64 = MAX_SIGNAL;
         for (name, v) in [
             ("nr_running", self.nr_running),
             ("cfs_h_nr_queued", self.cfs_h_nr_queued),
@@ -178,38 +178,86 @@ pub struct SharedState {
     pub has_idle_cores: bool,
 }
 
-/// What `update_sg_wakeup_stats()` sums over a group for a task that is on
-/// none of its CPUs and may use all of them.
+/// The largest value a PELT signal or a task count may carry (`i32`):
+/// the one bound every input path checks.
+pub const MAX_SIGNAL: i64 = (1 << 31) - 1;
+
+/// `cpu_util(cpu, p, -1, boost)`: the CPU's CFS utilisation with util_est as
+/// the features say, raised to the runnable average when `boost`
+/// (`cpu_util_cfs_boost()`), without task `p`'s own share when `without`
+/// gives its (util_avg, util_est), capped at the CPU's original capacity.
+#[inline]
+pub fn cpu_util(
+    rq: &CpuState,
+    capacity_orig: u32,
+    util_est: bool,
+    boost: bool,
+    without: Option<(i64, i64)>,
+) -> i64 {
+    let mut util = rq.util_avg;
+    if boost {
+        util = util.max(rq.runnable_avg);
+    }
+    if let Some((u, _)) = without {
+        util = (util - u).max(0);
+    }
+    if util_est {
+        let mut e = rq.util_est;
+        if let Some((_, ue)) = without {
+            e = (e - ue).max(0);
+        }
+        util = util.max(e);
+    }
+    util.min(capacity_orig as i64)
+}
+
+/// The sums a group's statistics are made from: its CPUs' runqueues (or,
+/// at the cluster levels, its nodes' sums). Kept incrementally by the node
+/// snapshots (for groups wider than a core) and by the cluster hierarchy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GroupSum {
+    /// Online CPUs counted.
+    pub cpus: i64,
+    pub idle_cpus: i64,
+    pub nr_running: i64,
     pub load: i64,
     pub runnable: i64,
     /// `cpu_util()` summed (util_est as the features say).
     pub util: i64,
-    pub nr_running: i64,
-    pub idle_cpus: i64,
     pub capacity: i64,
     pub max_capacity: i64,
 }
 
 impl GroupSum {
-    /// Adds (`sign` 1) or removes (-1) one CPU's share (not the maximum).
+    /// Adds (`sign` 1) or removes (-1) one CPU's share of the sums (not its
+    /// count or the maximum capacity, which the caller keeps).
     #[inline]
-    fn add(&mut self, topo: &Topology, i: usize, c: &CpuState, util_est: bool, sign: i64) {
-        self.load += sign * c.load_avg;
-        self.runnable += sign * c.runnable_avg;
-        self.util += sign * cpu_util_plain(topo, i, c, util_est);
-        self.nr_running += sign * c.nr_running as i64;
-        self.idle_cpus += sign * (c.nr_running == 0 && c.curr_is_idle && !c.ttwu_pending) as i64;
-        self.capacity += sign * c.capacity as i64;
+    pub fn add_cpu(&mut self, rq: &CpuState, capacity_orig: u32, util_est: bool, sign: i64) {
+        self.nr_running += sign * rq.nr_running as i64;
+        if rq.nr_running == 0 && rq.curr_is_idle && !rq.ttwu_pending {
+            self.idle_cpus += sign;
+        }
+        self.load += sign * rq.load_avg;
+        self.runnable += sign * rq.runnable_avg;
+        self.util += sign * cpu_util(rq, capacity_orig, util_est, false, None);
+        self.capacity += sign * rq.capacity as i64;
     }
-}
 
-/// `cpu_util(cpu, NULL, -1, 0)`.
-#[inline]
-fn cpu_util_plain(topo: &Topology, i: usize, c: &CpuState, util_est: bool) -> i64 {
-    let e = if util_est { c.util_est } else { 0 };
-    c.util_avg.max(e).min(topo.capacity_orig(i) as i64)
+    /// Adds (`sign` 1) or removes (-1) another group's sums (the maximum
+    /// capacity only grows: removal keeps it, the caller recomputes it).
+    #[inline]
+    pub fn add(&mut self, o: &GroupSum, sign: i64) {
+        self.cpus += sign * o.cpus;
+        self.idle_cpus += sign * o.idle_cpus;
+        self.nr_running += sign * o.nr_running;
+        self.load += sign * o.load;
+        self.runnable += sign * o.runnable;
+        self.util += sign * o.util;
+        self.capacity += sign * o.capacity;
+        if sign > 0 {
+            self.max_capacity = self.max_capacity.max(o.max_capacity);
+        }
+    }
 }
 
 /// One node's runqueues plus the hints of its shared objects: the read-only
@@ -303,8 +351,9 @@ impl NodeState {
             }
             for &k in &topo.cpu_sum_groups[i] {
                 let g = &mut st.groups[k as usize];
-                g.add(topo, i, old, ue, -1);
-                g.add(topo, i, new, ue, 1);
+                let cap = topo.capacity_orig(i);
+                g.add_cpu(old, cap, ue, -1);
+                g.add_cpu(new, cap, ue, 1);
                 let (oc, nc) = (old.capacity as i64, new.capacity as i64);
                 if nc > g.max_capacity {
                     g.max_capacity = nc;
@@ -330,18 +379,12 @@ impl NodeState {
             let mut s = GroupSum::default();
             for i in topo.span(g).iter() {
                 let c = &self.cpus[i];
-                s.add(topo, i, c, util_est, 1);
+                s.cpus += 1;
+                s.add_cpu(c, topo.capacity_orig(i), util_est, 1);
                 s.max_capacity = s.max_capacity.max(c.capacity as i64);
             }
             self.groups.push(s);
         }
-    }
-
-    /// `cpu_util_cfs()` as `update_idle_cpu_scan()` sums it.
-    fn cpu_util_cfs(&self, topo: &Topology, i: usize, features: &Features) -> i64 {
-        let c = &self.cpus[i];
-        let e = if features.util_est { c.util_est } else { 0 };
-        c.util_avg.max(e).min(topo.capacity_orig(i) as i64)
     }
 
     /// `update_idle_cpu_scan()` applied to the present state: the share of the
@@ -357,7 +400,7 @@ impl NodeState {
             .span(o.span)
             .iter()
             .filter(|&i| topo.online.test(i))
-            .map(|i| self.cpu_util_cfs(topo, i, features))
+            .map(|i| cpu_util(&self.cpus[i], topo.capacity_orig(i), features.util_est, false, None))
             .sum();
         let x = sum_util / w;
         let tmp = (x * x * pct * pct / (10000 * 1024)).min(1024);

@@ -4,15 +4,17 @@
 use fairplace_proto::v1 as pb;
 use tonic::Status;
 
-use crate::engine::balance::{PassStats, Proposal, RqTask, TaskTable};
+use crate::engine::balance::cluster::ClusterBalanceOutcome;
+use crate::engine::balance::{PassStats, Proposal};
+use crate::engine::rq::{RqTask, TaskTable};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
-use crate::engine::balance::lb::GroupType;
+use crate::engine::group::GroupType;
 use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::state::{CpuState, Policy, Task};
 use crate::engine::topology::{CpuTopo, FieldError, Topology, TopologySpec};
 use crate::store::{
-    BalanceOutcome, ClusterBalanceOutcome, CpuTaskList, RuntimeEntry, Snapshot, Update,
+    BalanceOutcome, CpuTaskList, RuntimeEntry, Snapshot, Update,
 };
 
 const MAX_SIGNAL: i64 = (1 << 31) - 1;

@@ -18,11 +18,11 @@ use arc_swap::ArcSwap;
 use dashmap::DashMap;
 
 mod balance;
-mod cluster_balance;
+mod cluster_pass;
 mod tasks;
 
 pub use balance::{BalanceOutcome, BalanceRequest, CacheSummary, ProcSummary};
-pub use cluster_balance::{ClusterBalanceOutcome, ClusterBalanceRequest, ClusterProposal};
+pub use cluster_pass::ClusterBalanceRequest;
 pub use tasks::{CpuTaskList, RuntimeEntry};
 /// The limits of one update, for agents to cut their reports to.
 pub use tasks::{
@@ -30,7 +30,8 @@ pub use tasks::{
 };
 
 use crate::cluster::{Cluster, ClusterChoice, ClusterConfig, ClusterRequest, NodeAgg};
-use crate::engine::balance::{Balancer, TaskTable};
+use crate::engine::balance::Balancer;
+use crate::engine::rq::TaskTable;
 use crate::engine::cache::{CacheParams, CacheState, LlcMap};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::Kind;

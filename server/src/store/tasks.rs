@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::engine::balance::{RqTask, TaskTable};
+use crate::engine::rq::{RqTask, TaskTable};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::topology::FieldError;
 

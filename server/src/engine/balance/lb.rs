@@ -1,4 +1,4 @@
-//! The load balancer's group arithmetic: `group_classify`,
+//! The load balancer's group arithmetic:
 //! `update_sd_pick_busiest`, the balanced-or-not decision at the end of
 //! `sched_balance_find_src_group` and `calculate_imbalance`.
 //!
@@ -6,94 +6,7 @@
 //! the cluster balancer (groups of nodes) share them.
 
 use crate::engine::balance::migrate::MigrationType;
-
-/// `enum group_type`, in the kernel's numeric order (lower = idler).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum GroupType {
-    #[default]
-    HasSpare = 0,
-    FullyBusy = 1,
-    MisfitTask = 2,
-    SmtBalance = 3,
-    AsymPacking = 4,
-    Imbalanced = 5,
-    LlcBalance = 6,
-    Overloaded = 7,
-}
-
-impl GroupType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GroupType::HasSpare => "has_spare",
-            GroupType::FullyBusy => "fully_busy",
-            GroupType::MisfitTask => "misfit_task",
-            GroupType::SmtBalance => "smt_balance",
-            GroupType::AsymPacking => "asym_packing",
-            GroupType::Imbalanced => "imbalanced",
-            GroupType::LlcBalance => "llc_balance",
-            GroupType::Overloaded => "overloaded",
-        }
-    }
-}
-
-/// `struct sg_lb_stats` plus the group attributes the decisions read
-/// (`sg->flags`, `sg->cores`, `sgc->min/max_capacity`, `sgc->imbalance`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SgLbStats {
-    pub avg_load: u64,
-    pub group_load: u64,
-    pub group_capacity: u64,
-    pub group_util: u64,
-    pub group_runnable: u64,
-    pub sum_nr_running: u32,
-    pub sum_h_nr_running: u32,
-    pub idle_cpus: u32,
-    pub group_weight: u32,
-    pub group_type: GroupType,
-    pub group_misfit_task_load: u64,
-    pub group_smt_balance: bool,
-    pub group_asym_packing: bool,
-    pub group_llc_balance: bool,
-    /// Tasks queued in the group that prefer the destination's LLC.
-    pub nr_pref_dst_llc: u32,
-    /// `sgc->imbalance`: affinity kept the level below from balancing.
-    pub sgc_imbalance: bool,
-    pub cores: u32,
-    /// `sg->flags & SD_SHARE_CPUCAPACITY`: an SMT core.
-    pub smt: bool,
-    /// `sg->flags & SD_PREFER_SIBLING`.
-    pub prefer_sibling: bool,
-    pub min_capacity: u64,
-    pub max_capacity: u64,
-}
-
-impl SgLbStats {
-    /// What `update_sd_pick_busiest()` starts from: no group, and an idle
-    /// count nothing can beat.
-    pub const NO_BUSIEST: SgLbStats = SgLbStats {
-        avg_load: 0,
-        group_load: 0,
-        group_capacity: 0,
-        group_util: 0,
-        group_runnable: 0,
-        sum_nr_running: 0,
-        sum_h_nr_running: 0,
-        idle_cpus: u32::MAX,
-        group_weight: 0,
-        group_type: GroupType::HasSpare,
-        group_misfit_task_load: 0,
-        group_smt_balance: false,
-        group_asym_packing: false,
-        group_llc_balance: false,
-        nr_pref_dst_llc: 0,
-        sgc_imbalance: false,
-        cores: 0,
-        smt: false,
-        prefer_sibling: false,
-        min_capacity: 0,
-        max_capacity: 0,
-    };
-}
+use crate::engine::group::{GroupType, SgLbStats, adjust_numa_imbalance};
 
 /// The domain and destination facts the decisions read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,53 +28,6 @@ pub struct DomainParams {
 #[inline]
 pub fn capacity_greater(a: u64, b: u64) -> bool {
     a * 1024 > b * 1078
-}
-
-fn group_is_overloaded(pct: u64, s: &SgLbStats) -> bool {
-    if s.sum_nr_running <= s.group_weight {
-        return false;
-    }
-    s.group_capacity * 100 < s.group_util * pct || s.group_capacity * pct < s.group_runnable * 100
-}
-
-fn group_has_capacity(pct: u64, s: &SgLbStats) -> bool {
-    if s.sum_nr_running < s.group_weight {
-        return true;
-    }
-    if s.group_capacity * pct < s.group_runnable * 100 {
-        return false;
-    }
-    s.group_capacity * 100 > s.group_util * pct
-}
-
-/// `group_classify()`: the tests run in this order, not in numeric order.
-pub fn group_classify(pct: u32, s: &SgLbStats) -> GroupType {
-    let pct = pct as u64;
-    if group_is_overloaded(pct, s) {
-        GroupType::Overloaded
-    } else if s.group_llc_balance {
-        GroupType::LlcBalance
-    } else if s.sgc_imbalance {
-        GroupType::Imbalanced
-    } else if s.group_asym_packing {
-        GroupType::AsymPacking
-    } else if s.group_smt_balance {
-        GroupType::SmtBalance
-    } else if s.group_misfit_task_load != 0 {
-        GroupType::MisfitTask
-    } else if !group_has_capacity(pct, s) {
-        GroupType::FullyBusy
-    } else {
-        GroupType::HasSpare
-    }
-}
-
-/// Finishes a group's statistics once its sums are in.
-pub fn classify(pct: u32, s: &mut SgLbStats) {
-    s.group_type = group_classify(pct, s);
-    if s.group_type == GroupType::Overloaded {
-        s.avg_load = s.group_load * 1024 / s.group_capacity.max(1);
-    }
 }
 
 /// `smt_vs_nonsmt_groups()`: false while there is no busiest group yet
@@ -286,18 +152,6 @@ pub fn sibling_imbalance(p: &DomainParams, busiest: &SgLbStats, local: &SgLbStat
         imb = 2;
     }
     imb
-}
-
-/// `adjust_numa_imbalance()`: a small imbalance is allowed while the
-/// destination runs few tasks.
-pub fn adjust_numa_imbalance(imbalance: i64, dst_running: i64, imb_numa_nr: i64) -> i64 {
-    if dst_running > imb_numa_nr {
-        return imbalance;
-    }
-    if imbalance <= 2 {
-        return 0;
-    }
-    imbalance
 }
 
 /// What the source-group search concluded.
@@ -438,6 +292,7 @@ pub fn calculate_imbalance(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::group::{finish_lb_stats, group_classify};
 
     fn params(idle: bool) -> DomainParams {
         DomainParams {
@@ -466,7 +321,7 @@ mod tests {
             max_capacity: 1024,
             ..SgLbStats::default()
         };
-        classify(117, &mut s);
+        finish_lb_stats(117, &mut s);
         s
     }
 

@@ -10,5 +10,7 @@
 pub mod lb;
 pub mod migrate;
 mod periodic;
+pub mod src_rq;
 
 pub use periodic::*;
+pub mod cluster;

@@ -10,15 +10,18 @@
 //! kernel keeps between passes (`nr_balance_failed`, `balance_interval`,
 //! `last_balance`, `sgc->imbalance`) lives in [`LbState`] and persists.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::collections::VecDeque;
 
 use crate::engine::cache::{self, LlcView};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::ctx::{Ctx, View};
-use crate::engine::balance::lb::{self, DomainParams, GroupType, SdTotals, SgLbStats};
+use crate::engine::balance::lb::{self, DomainParams, SdTotals};
+use crate::engine::group::{self, GroupType, SgLbStats};
 use crate::engine::balance::migrate::{self, IdleType, MigrateEnv, MigrationType, Reason, lbf};
-use crate::engine::state::{CpuState, NodeState, Policy, Task};
+use crate::engine::rq::{RqTask, TaskTable, h_nr_runnable, rq_add, rq_sub};
+use crate::engine::state::{NodeState, cpu_util};
+
+use super::src_rq::{BusiestRq, check_cpu_capacity, detach_amount};
 use crate::engine::topology::{Domain, Level, SpanId, Topology, sd};
 
 /// `sysctl_sched_nr_migrate` and `SCHED_NR_MIGRATE_BREAK`.
@@ -27,134 +30,6 @@ const NR_MIGRATE_BREAK: u32 = 32;
 /// `MAX_PINNED_INTERVAL`, ms.
 const MAX_PINNED_INTERVAL: u32 = 512;
 const BUSY_FACTOR: u32 = 16;
-
-/// One queued or running fair task, as the agent reported it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RqTask {
-    pub id: u64,
-    /// The process (thread group); 0 = a kernel thread.
-    pub group: u64,
-    pub policy: Policy,
-    pub nice: i8,
-    /// Index into [`TaskTable::masks`]; 0 = every CPU.
-    pub allowed: u32,
-    /// `task_h_load()`.
-    pub load_avg: i64,
-    pub util_avg: i64,
-    pub util_est: i64,
-    pub runnable_avg: i64,
-    pub running: bool,
-    pub exec_start: i64,
-    pub migration_disabled: bool,
-    pub per_cpu_kthread: bool,
-    pub sched_delayed: bool,
-    pub nr_threads: u32,
-}
-
-impl RqTask {
-    /// A nice-0 task allowed everywhere.
-    pub fn new(id: u64, group: u64, load: i64) -> Self {
-        Self {
-            id,
-            group,
-            policy: Policy::Normal,
-            nice: 0,
-            allowed: 0,
-            load_avg: load,
-            util_avg: load.min(1024),
-            util_est: 0,
-            runnable_avg: load,
-            running: false,
-            exec_start: 0,
-            migration_disabled: false,
-            per_cpu_kthread: false,
-            sched_delayed: false,
-            nr_threads: 1,
-        }
-    }
-}
-
-/// A node's runnable tasks per CPU. Each list runs from the head (ran most
-/// recently) to the tail (coldest), as the kernel's `cfs_tasks`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TaskTable {
-    /// Shared between snapshots: a report replaces only its CPUs' lists.
-    pub cpus: Vec<Arc<[RqTask]>>,
-    /// `rq_clock_task()` per CPU when its list was read; 0 = unknown (every
-    /// task counts as cold).
-    pub clock: Vec<i64>,
-    /// Distinct affinity masks; entry 0 is every CPU of the node.
-    pub masks: Vec<CpuMask>,
-    /// Where each mask is in `masks`.
-    pub mask_index: HashMap<CpuMask, u32>,
-    /// Compact the masks once there are this many (see the store).
-    pub compact_at: usize,
-}
-
-impl TaskTable {
-    pub fn empty(nr_cpus: usize) -> Self {
-        Self {
-            cpus: vec![Arc::from(Vec::new()); nr_cpus],
-            clock: vec![0; nr_cpus],
-            masks: vec![CpuMask::first_n(nr_cpus)],
-            mask_index: HashMap::from([(CpuMask::first_n(nr_cpus), 0)]),
-            compact_at: 256,
-        }
-    }
-
-    /// The index of `mask` in the table, added if new.
-    pub fn intern_mask(&mut self, mask: CpuMask) -> u32 {
-        if self.mask_index.len() != self.masks.len() {
-            self.reindex_masks();
-        }
-        if let Some(&i) = self.mask_index.get(&mask) {
-            return i;
-        }
-        self.masks.push(mask);
-        let i = (self.masks.len() - 1) as u32;
-        self.mask_index.insert(mask, i);
-        i
-    }
-
-    /// Rebuilds the mask lookup after the masks were replaced.
-    pub fn reindex_masks(&mut self) {
-        self.mask_index = self
-            .masks
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (*m, i as u32))
-            .collect();
-    }
-
-    pub fn len(&self) -> usize {
-        self.cpus.iter().map(|l| l.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.cpus.iter().all(|l| l.is_empty())
-    }
-
-    /// The engine's task record for `t`, queued on `cpu`.
-    pub fn task(&self, t: &RqTask, cpu: usize) -> Task {
-        let n = self.masks[0].weight();
-        let mut p = Task::new(n, cpu);
-        p.policy = t.policy;
-        p.cpus_allowed = self.masks[t.allowed as usize];
-        p.load_avg = t.load_avg;
-        p.util_avg = t.util_avg;
-        p.util_est = t.util_est;
-        p.runnable_avg = t.runnable_avg;
-        p.running = t.running;
-        p.exec_start = t.exec_start;
-        p.migration_disabled = t.migration_disabled;
-        p.per_cpu_kthread = t.per_cpu_kthread;
-        p.sched_delayed = t.sched_delayed;
-        if self.clock.get(cpu).copied().unwrap_or(0) == 0 {
-            p.hot = Some(false);
-        }
-        p
-    }
-}
 
 /// The balancer's per-domain state (`struct sched_domain` fields).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -746,7 +621,7 @@ impl Balancer {
                 continue;
             }
             s.group_load += rq.load_avg as u64;
-            s.group_util += cpu_util_cfs(topo, rq, i, util_est);
+            s.group_util += cpu_util(rq, topo.capacity_orig(i), util_est, false, None) as u64;
             s.group_runnable += rq.runnable_avg as u64;
             let h_nr = h_nr_runnable(rq);
             s.sum_h_nr_running = s.sum_h_nr_running.saturating_add(h_nr);
@@ -767,7 +642,7 @@ impl Balancer {
                 s.group_misfit_task_load = s.group_misfit_task_load.max(self.misfit_load(pass, i));
             } else if env.idle != IdleType::NotIdle
                 && h_nr == 1
-                && check_cpu_capacity(topo, rq, i, d)
+                && check_cpu_capacity(rq, topo.capacity_orig(i), d.imbalance_pct)
             {
                 s.group_misfit_task_load = s.group_misfit_task_load.max(rq.load_avg as u64);
             }
@@ -799,7 +674,7 @@ impl Balancer {
                 );
             }
         }
-        lb::classify(d.imbalance_pct, &mut s);
+        group::finish_lb_stats(d.imbalance_pct, &mut s);
         // record_sg_llc_stats(): at the level just above the destination's
         // LLC, each group is an LLC; its sums are what can_migrate_llc reads.
         if let Some(l) = pass.llc
@@ -856,8 +731,7 @@ impl Balancer {
         let d = &topo.domains(env.sd_cpu)[env.sd];
         let util_est = pass.view.features.util_est;
         let dst_cap = self.work.cpus[env.dst_cpu].capacity as u64;
-        let mut busiest = None;
-        let (mut b_load, mut b_cap, mut b_util, mut b_nr) = (0u64, 1u64, 0u64, 0u32);
+        let mut busiest = BusiestRq::default();
         let span = topo.span(group);
         let n = topo.nr_cpus;
         let mut c = span.next_lt(0, n);
@@ -878,45 +752,22 @@ impl Balancer {
             }
             match env.migration_type {
                 MigrationType::Load => {
+                    let reduced = check_cpu_capacity(rq, topo.capacity_orig(i), d.imbalance_pct);
                     let load = rq.load_avg as u64;
-                    // Moving the only task would overshoot the imbalance.
-                    if nr == 1 && load as i64 > env.imbalance && !check_cpu_capacity(topo, rq, i, d)
-                    {
-                        continue;
-                    }
-                    if load * b_cap > b_load * cap {
-                        (b_load, b_cap, busiest) = (load, cap, Some(i));
-                    }
+                    busiest.consider_load(i, nr as u64, load, cap, reduced, env.imbalance);
                 }
                 MigrationType::Util => {
-                    let util = cpu_util_cfs_boost(topo, rq, i, util_est);
-                    if nr <= 1 {
-                        continue;
-                    }
-                    if b_util < util {
-                        (b_util, busiest) = (util, Some(i));
-                    }
+                    let util = cpu_util(rq, topo.capacity_orig(i), util_est, true, None);
+                    busiest.consider_util(i, nr as u64, util as u64);
                 }
-                MigrationType::Task => {
-                    if b_nr < nr {
-                        (b_nr, busiest) = (nr, Some(i));
-                    }
-                }
-                MigrationType::Misfit => {
-                    let m = self.misfit_load(pass, i);
-                    if m > b_load {
-                        (b_load, busiest) = (m, Some(i));
-                    }
-                }
+                MigrationType::Task => busiest.consider_count(i, nr as u64),
+                MigrationType::Misfit => busiest.consider_misfit(i, self.misfit_load(pass, i)),
                 MigrationType::LlcTask => {
-                    let m = self.llc.pref_on(i, env.dst_cpu);
-                    if m > b_nr {
-                        (b_nr, busiest) = (m, Some(i));
-                    }
+                    busiest.consider_count(i, self.llc.pref_on(i, env.dst_cpu) as u64)
                 }
             }
         }
-        busiest
+        busiest.busiest
     }
 
     /// `can_migrate_task()` for the working copy, counting refusals.
@@ -995,23 +846,6 @@ impl Balancer {
                 continue;
             };
             let take = match env.migration_type {
-                MigrationType::Load => {
-                    let l = t.load_avg.max(1);
-                    if (l >> shift) > env.imbalance {
-                        None
-                    } else {
-                        Some(l)
-                    }
-                }
-                MigrationType::Util => {
-                    let u = t.util_avg.max(t.util_est);
-                    if (u >> shift) > env.imbalance {
-                        None
-                    } else {
-                        Some(u)
-                    }
-                }
-                MigrationType::Task | MigrationType::LlcTask => Some(1),
                 MigrationType::Misfit => {
                     let p = pass.table.task(&t, src);
                     if Ctx::new(self.view(pass), &p, src).task_fits_cpu(src) {
@@ -1020,6 +854,7 @@ impl Balancer {
                         Some(env.imbalance)
                     }
                 }
+                ty => detach_amount(ty, &t, shift, env.imbalance),
             };
             let Some(amount) = take else {
                 self.tasks[src].push_front(t);
@@ -1107,7 +942,7 @@ impl Balancer {
         let src = &self.work.cpus[env.src_cpu];
         if env.idle != IdleType::NotIdle
             && h_nr_runnable(src) == 1
-            && check_cpu_capacity(topo, src, env.src_cpu, d)
+            && check_cpu_capacity(src, topo.capacity_orig(env.src_cpu), d.imbalance_pct)
             && (src.capacity as u64) * (d.imbalance_pct as u64)
                 < self.work.cpus[env.dst_cpu].capacity as u64 * 100
         {
@@ -1307,66 +1142,3 @@ fn sgc_index(topo: &Topology, level: Level, g: SpanId) -> usize {
     at * topo.spans.len() + g as usize
 }
 
-/// `rq->cfs.h_nr_runnable`.
-#[inline]
-pub fn h_nr_runnable(rq: &CpuState) -> u32 {
-    rq.cfs_h_nr_queued.saturating_sub(rq.nr_delayed)
-}
-
-fn cpu_util_cfs(topo: &Topology, rq: &CpuState, cpu: usize, util_est: bool) -> u64 {
-    let e = if util_est { rq.util_est } else { 0 };
-    rq.util_avg
-        .max(e)
-        .min(topo.capacity_orig(cpu) as i64)
-        .max(0) as u64
-}
-
-/// `cpu_util_cfs_boost()`: utilisation raised to the runnable average.
-pub fn cpu_util_cfs_boost(topo: &Topology, rq: &CpuState, cpu: usize, util_est: bool) -> u64 {
-    let mut u = rq.util_avg.max(rq.runnable_avg);
-    if util_est {
-        u = u.max(rq.util_est);
-    }
-    u.min(topo.capacity_orig(cpu) as i64).max(0) as u64
-}
-
-/// `check_cpu_capacity()`: RT, IRQ or pressure took a noticeable share.
-fn check_cpu_capacity(topo: &Topology, rq: &CpuState, cpu: usize, d: &Domain) -> bool {
-    (rq.capacity as u64) * (d.imbalance_pct as u64) < topo.capacity_orig(cpu) as u64 * 100
-}
-
-fn rq_sub(rq: &mut CpuState, t: &RqTask) {
-    rq.nr_running = rq.nr_running.saturating_sub(1);
-    rq.cfs_h_nr_queued = rq.cfs_h_nr_queued.saturating_sub(1);
-    if t.policy == Policy::Idle {
-        rq.h_nr_idle = rq.h_nr_idle.saturating_sub(1);
-    }
-    if t.sched_delayed {
-        rq.nr_delayed = rq.nr_delayed.saturating_sub(1);
-    }
-    rq.h_nr_idle = rq.h_nr_idle.min(rq.nr_running);
-    rq.nr_delayed = rq.nr_delayed.min(rq.nr_running);
-    rq.load_avg = (rq.load_avg - t.load_avg).max(0);
-    rq.runnable_avg = (rq.runnable_avg - t.runnable_avg).max(0);
-    rq.util_avg = (rq.util_avg - t.util_avg).max(0);
-    rq.util_est = (rq.util_est - t.util_est).max(0);
-    if rq.nr_running == 0 {
-        rq.curr_is_idle = true;
-    }
-}
-
-fn rq_add(rq: &mut CpuState, t: &RqTask) {
-    rq.nr_running += 1;
-    rq.cfs_h_nr_queued += 1;
-    if t.policy == Policy::Idle {
-        rq.h_nr_idle += 1;
-    }
-    if t.sched_delayed {
-        rq.nr_delayed += 1;
-    }
-    rq.load_avg += t.load_avg;
-    rq.runnable_avg += t.runnable_avg;
-    rq.util_avg += t.util_avg;
-    rq.util_est += t.util_est;
-    rq.curr_is_idle = false;
-}

@@ -17,10 +17,10 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::engine::balance::RqTask;
 use crate::engine::cpumask::CpuMask;
-use crate::engine::balance::lb::SgLbStats;
-use crate::engine::state::NodeState;
+use crate::engine::rq::RqTask;
+use crate::engine::group::SgLbStats;
+use crate::engine::state::{NodeState, cpu_util};
 use crate::engine::topology::{Domain, Topology, sd};
 
 /// `NICE_0_LOAD` unscaled (64-bit): only ratios matter.
@@ -370,7 +370,6 @@ impl CacheState {
         now: u64,
     ) -> CpuMask {
         let timeout = self.params.epoch_affinity_timeout;
-        let period = self.period();
         let mut cpus = match strategy {
             ScanStrategy::Full => topo.online,
             ScanStrategy::Visit => {
@@ -386,7 +385,6 @@ impl CacheState {
                         keep.set(c);
                     }
                 }
-                let _ = period;
                 self.procs.get_mut(&group).expect("known").visited = keep;
                 keep.and(&topo.online)
             }
@@ -740,8 +738,7 @@ impl LlcView<'_> {
         let mut cap = 0u64;
         for i in span.iter() {
             let rq = &st.cpus[i];
-            let e = if self.util_est { rq.util_est } else { 0 };
-            util += rq.util_avg.max(e).min(topo.capacity_orig(i) as i64).max(0) as u64;
+            util += cpu_util(rq, topo.capacity_orig(i), self.util_est, false, None) as u64;
             cap += rq.capacity as u64;
         }
         Some((util, cap))
