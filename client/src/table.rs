@@ -1,4 +1,18 @@
-//! Plain-text tables for the CLI.
+//! Plain-text tables and names for the CLI and the demo.
+
+use fairplace_proto::v1 as pb;
+
+/// A proposal's migration type as the kernel names it.
+pub fn migration_type_name(t: i32) -> &'static str {
+    match pb::MigrationType::try_from(t) {
+        Ok(pb::MigrationType::Load) => "load",
+        Ok(pb::MigrationType::Util) => "util",
+        Ok(pb::MigrationType::Task) => "task",
+        Ok(pb::MigrationType::Misfit) => "misfit",
+        Ok(pb::MigrationType::LlcTask) => "llc_task",
+        Err(_) => "?",
+    }
+}
 
 /// Formats rows under a header, each column as wide as its widest cell.
 pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {

@@ -8,7 +8,7 @@ pub mod engine;
 pub mod exposition;
 pub mod metrics;
 pub mod pki;
-pub mod quote;
+pub use fairplace_types::quote;
 pub mod scenario;
 pub mod service;
 pub mod store;

@@ -2,7 +2,7 @@
 //! without what it refused once it refused something.
 //!
 //! [`fit`] cuts a sample's task lists and runtime entries to the server's
-//! limits (the constants of `fairplace::store`, so the two cannot drift
+//! limits (the constants of `fairplace_types::limits`, so the two cannot drift
 //! apart), keeping the biggest. [`Shedding`] remembers which part of an
 //! update the server refused anyway (a server with lower limits, a race in
 //! the /proc walk): the next update leaves that part out, so the node stays
@@ -15,7 +15,7 @@
 use std::cmp::Ordering;
 use std::collections::HashSet;
 
-use fairplace::store::{
+use fairplace_types::limits::{
     MAX_MASKS_PER_NODE, MAX_RUNTIME_NS, MAX_RUNTIME_PER_CPU, MAX_TASKS_PER_CPU, MAX_TASKS_PER_NODE,
 };
 use fairplace_proto::v1 as pb;

@@ -66,7 +66,7 @@ const MAX_SIGNAL: i64 = (1 << 31) - 1;
 /// A thread's affinity as the server takes it: only CPUs of the topology
 /// (procfs lists possible CPUs, which may be more), empty for all of them.
 fn allowed_in_topology(list: &str, nr_cpus: usize) -> String {
-    use fairplace::engine::cpumask::{CpuMask, MAX_CPUS};
+    use fairplace_types::cpumask::{CpuMask, MAX_CPUS};
     let Ok(m) = CpuMask::parse_cpulist(list, MAX_CPUS) else {
         return String::new();
     };

@@ -7,7 +7,6 @@
 
 pub mod balance;
 pub mod cache;
-pub mod cpumask;
 pub(crate) mod ctx;
 pub mod decision;
 pub mod features;
@@ -16,6 +15,8 @@ pub mod placement;
 pub mod rq;
 pub mod state;
 pub mod topology;
+
+pub use fairplace_types::cpumask;
 
 pub use balance::migrate::can_migrate_task;
 pub use placement::core::select_task_rq;

@@ -178,9 +178,7 @@ pub struct SharedState {
     pub has_idle_cores: bool,
 }
 
-/// The largest value a PELT signal or a task count may carry (`i32`):
-/// the one bound every input path checks.
-pub const MAX_SIGNAL: i64 = (1 << 31) - 1;
+pub use fairplace_types::limits::MAX_SIGNAL;
 
 /// `cpu_util(cpu, p, -1, boost)`: the CPU's CFS utilisation with util_est as
 /// the features say, raised to the runnable average when `boost`

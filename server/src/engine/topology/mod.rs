@@ -57,29 +57,7 @@ pub mod sd {
     ];
 }
 
-/// An error in an input, naming the offending field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    pub field: String,
-    pub msg: String,
-}
-
-impl FieldError {
-    pub fn new(field: impl Into<String>, msg: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            msg: msg.into(),
-        }
-    }
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.msg)
-    }
-}
-
-impl std::error::Error for FieldError {}
+pub use fairplace_types::FieldError;
 
 /// One CPU as the agent describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

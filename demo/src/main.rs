@@ -1,0 +1,351 @@
+//! fairplace-demo: the main job on embedded defaults. It starts a server,
+//! an agent streaming this machine's CPUs and runnable tasks beside a
+//! simulated 16-CPU two-LLC node (this machine's own kernel keeps it
+//! balanced; the simulated one has work to move), asks for a few real
+//! placements against the live state, runs a load-balance pass of both
+//! nodes, shows the cache-aware state, and keeps serving for a while.
+//!
+//! It is the one program that links the server and the client library
+//! together, which is why it is a crate of its own.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use fairplace_client::agent::{Machine, Simulated, StreamConfig, StreamStats, stream};
+use fairplace_client::table::{migration_type_name, render};
+use fairplace_client::{Client, pb};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+#[derive(Parser)]
+#[command(
+    name = "fairplace-demo",
+    version,
+    about = "a fairplace server with a local agent and a few real decisions"
+)]
+struct Args {
+    /// gRPC port for the demo server (0: any free port).
+    #[arg(long, default_value_t = 50051)]
+    grpc_port: u16,
+    /// /metrics port (0: any free port).
+    #[arg(long, default_value_t = 9464)]
+    metrics_port: u16,
+    /// Keep serving this long after the decisions (s).
+    #[arg(long, default_value_t = 20)]
+    linger_s: u64,
+}
+
+#[tokio::main]
+async fn main() {
+    let a = Args::parse();
+    if let Err(e) = demo(a.grpc_port, a.metrics_port, a.linger_s).await {
+        eprintln!("fairplace-demo: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn status(s: tonic::Status) -> String {
+    format!("{:?}: {}", s.code(), s.message())
+}
+
+/// A server running in this process.
+struct Server {
+    grpc: SocketAddr,
+    metrics: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), Box<dyn std::error::Error + Send + Sync>>>,
+}
+
+/// Binds the usual ports, or any free one when something else holds them,
+/// and serves on defaults.
+async fn start_server(grpc_port: u16, metrics_port: u16) -> Result<Server, String> {
+    let grpc = match tokio::net::TcpListener::bind(("127.0.0.1", grpc_port)).await {
+        Ok(l) => l,
+        Err(_) => tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .map_err(|e| format!("bind a gRPC port: {e}"))?,
+    };
+    let grpc_addr = grpc.local_addr().map_err(|e| e.to_string())?;
+    let probe = std::net::TcpListener::bind(("127.0.0.1", metrics_port))
+        .or_else(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
+        .map_err(|e| format!("bind a metrics port: {e}"))?;
+    let metrics = probe.local_addr().map_err(|e| e.to_string())?;
+    drop(probe);
+    fairplace::service::install_metrics(metrics)?;
+    let (stop, mut stop_rx) = watch::channel(false);
+    let task = tokio::spawn(fairplace::service::serve(
+        fairplace::service::ServeConfig::default(),
+        grpc,
+        async move {
+            let _ = stop_rx.changed().await;
+        },
+    ));
+    Ok(Server {
+        grpc: grpc_addr,
+        metrics,
+        stop,
+        task,
+    })
+}
+
+/// The agents: this machine's, and a simulated node with task lists.
+struct Agents {
+    node_id: String,
+    sim_id: String,
+    nr_cpus: u32,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+fn stream_config(server: SocketAddr, node_id: &str, zone: &str) -> StreamConfig {
+    StreamConfig {
+        server: server.to_string(),
+        node_id: node_id.to_string(),
+        labels: vec![("zone".into(), zone.into())],
+        interval: Duration::from_millis(250),
+        backoff_min: Duration::from_millis(50),
+        backoff_max: Duration::from_secs(2),
+        max_message_bytes: 4 << 20,
+        tls: Default::default(),
+    }
+}
+
+fn start_agents(server: SocketAddr) -> Result<Agents, String> {
+    let machine = Machine::local()
+        .map_err(|e| format!("reading this machine's topology: {e}"))?
+        .with_task_cap(32);
+    let nr_cpus = machine.nr_cpus() as u32;
+    let node_id = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    let (stop, stop_rx) = watch::channel(false);
+    let (stats_tx, _) = watch::channel(StreamStats::default());
+    let local = tokio::spawn(stream(
+        stream_config(server, &node_id, "local"),
+        machine,
+        stop_rx.clone(),
+        stats_tx,
+    ));
+    // This machine's own kernel keeps it balanced already: the simulated
+    // node gives the balancer and the cache-aware accounting work.
+    let sim_id = format!("{node_id}-sim16");
+    let mut sim = Simulated::new(16, 7);
+    sim.tasks = true;
+    sim.llc_cpus = Some(8);
+    sim.churn_pct = 25;
+    let (sim_stats_tx, _) = watch::channel(StreamStats::default());
+    let simulated = tokio::spawn(stream(
+        stream_config(server, &sim_id, "sim"),
+        sim,
+        stop_rx,
+        sim_stats_tx,
+    ));
+    Ok(Agents {
+        node_id,
+        sim_id,
+        nr_cpus,
+        stop,
+        tasks: vec![local, simulated],
+    })
+}
+
+/// Waits for each node's first full snapshot and one delta on top of it,
+/// so util reflects a measured interval.
+async fn wait_for_reports(client: &Client, ids: &[&str]) -> Result<(), String> {
+    let t0 = Instant::now();
+    loop {
+        let mut ready = true;
+        for id in ids {
+            ready &= client.get_node(id).await.map_or(0, |n| n.last_seq) >= 2;
+        }
+        if ready {
+            return Ok(());
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            return Err("the local agent did not report within 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn pick(
+    node: &str,
+    kind: pb::RequestKind,
+    this_cpu: u32,
+    prev: Option<u32>,
+    allowed: &str,
+    claim: bool,
+) -> pb::PickCpuRequest {
+    pb::PickCpuRequest {
+        node_id: node.to_string(),
+        task: Some(pb::Task {
+            prev_cpu: prev,
+            cpus_allowed: allowed.to_string(),
+            util_avg: 200,
+            load_avg: 300,
+            ..Default::default()
+        }),
+        kind: kind as i32,
+        this_cpu,
+        claim,
+        ..Default::default()
+    }
+}
+
+/// The placements the demo asks for: each path a caller reaches.
+fn placement_asks(node: &str, last: u32, exec_cpu: u32) -> Vec<(&'static str, pb::PickCpuRequest)> {
+    use pb::RequestKind::{Exec, Fork, Wakeup};
+    let bound = exec_cpu.to_string();
+    vec![
+        ("wakeup, last ran on CPU 0", pick(node, Wakeup, 0, Some(0), "", false)),
+        (
+            "sync wakeup from the last CPU",
+            pb::PickCpuRequest {
+                sync: true,
+                ..pick(node, Wakeup, last, Some(0), "", false)
+            },
+        ),
+        ("fork on CPU 0", pick(node, Fork, 0, None, "", false)),
+        ("exec from a busy CPU", pick(node, Exec, exec_cpu, None, "", false)),
+        ("exec bound to that CPU", pick(node, Exec, exec_cpu, None, &bound, false)),
+        (
+            "fork with no node (cluster)",
+            pb::PickCpuRequest {
+                node_id: String::new(),
+                ..pick(node, Fork, 0, None, "", false)
+            },
+        ),
+        ("claimed wakeup #1", pick(node, Wakeup, 0, Some(0), "", true)),
+        ("claimed wakeup #2", pick(node, Wakeup, 0, Some(0), "", true)),
+    ]
+}
+
+/// Asks each placement and prints the answers as a table.
+async fn show_decisions(client: &Client, agents: &Agents) {
+    // exec needs a CPU that runs a task (the exec'ing one) in the state.
+    let exec_cpu = client
+        .get_node(&agents.node_id)
+        .await
+        .ok()
+        .and_then(|nd| nd.cpus.iter().find(|c| c.online && c.nr_running > 0).map(|c| c.id))
+        .unwrap_or(0);
+    let mut rows = Vec::new();
+    for (what, req) in placement_asks(&agents.node_id, agents.nr_cpus - 1, exec_cpu) {
+        let row = match client.pick_cpu(req).await {
+            Ok(r) => vec![
+                what.to_string(),
+                r.node_id.clone(),
+                r.cpu.to_string(),
+                r.path,
+                r.scanned.to_string(),
+                r.state_version.to_string(),
+                format!("{:.3}", r.state_age_seconds),
+            ],
+            Err(s) => vec![what.to_string(), "-".into(), status(s), "".into(), "".into(), "".into()],
+        };
+        rows.push(row);
+    }
+    println!(
+        "fairplace demo: node {} ({} CPUs) reported by the local agent\n",
+        agents.node_id, agents.nr_cpus
+    );
+    let header = ["request", "node", "cpu", "path", "scanned", "state", "age_s"];
+    print!("{}", render(&header, &rows));
+}
+
+/// One load-balance pass of each node, with its proposals.
+async fn show_balance(client: &Client, agents: &Agents) -> Result<(), String> {
+    let nodes = [("this machine", &agents.node_id), ("the simulated node", &agents.sim_id)];
+    for (what, id) in nodes {
+        let r = client
+            .balance(pb::BalanceRequest {
+                node_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(status)?;
+        println!(
+            "\nload balance of {what} ({id}): {} proposals, {} domains balanced, {} declined by should_we_balance",
+            r.proposals.len(),
+            r.domains_balanced,
+            r.domains_declined
+        );
+        let rows: Vec<Vec<String>> = r
+            .proposals
+            .iter()
+            .map(|p| {
+                vec![
+                    p.task.to_string(),
+                    format!("{} -> {}", p.src_cpu, p.dst_cpu),
+                    migration_type_name(p.migration_type).into(),
+                    p.level.clone(),
+                    p.reason.clone(),
+                ]
+            })
+            .collect();
+        if !rows.is_empty() {
+            print!("{}", render(&["task", "cpus", "type", "level", "why"], &rows));
+        }
+    }
+    Ok(())
+}
+
+/// The simulated node's cache-aware state in one line.
+async fn show_cache(client: &Client, sim_id: &str) {
+    if let Ok(c) = client.get_cache(sim_id).await {
+        let preferring = c.processes.iter().filter(|p| p.preferred_llc.is_some()).count();
+        println!(
+            "\ncache-aware scheduling on {sim_id}: {} processes tracked, {preferring} with a preferred LLC; {} task_cache_work passes read {} CPUs",
+            c.processes.len(),
+            c.scan_passes,
+            c.cpus_scanned
+        );
+    }
+}
+
+/// The main job: server, agents, a few real decisions, then serve a while.
+async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), String> {
+    let server = start_server(grpc_port, metrics_port).await?;
+    // A busy thread stands in for a task that is running and will exec, so
+    // the live state has a CPU an exec can come from.
+    let spin = Arc::new(AtomicBool::new(true));
+    let spinner = {
+        let spin = Arc::clone(&spin);
+        std::thread::spawn(move || {
+            let mut x = 0u64;
+            while spin.load(Ordering::Relaxed) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        })
+    };
+    let agents = start_agents(server.grpc)?;
+    let client = Client::connect(&server.grpc.to_string())
+        .await
+        .map_err(|e| e.to_string())?;
+    wait_for_reports(&client, &[&agents.node_id, &agents.sim_id]).await?;
+    show_decisions(&client, &agents).await;
+    spin.store(false, Ordering::Relaxed);
+    let _ = spinner.join();
+    show_balance(&client, &agents).await?;
+    show_cache(&client, &agents.sim_id).await;
+    let grpc = server.grpc;
+    println!("\ngRPC:    {grpc}   (try: fairplace --server {grpc} nodes)");
+    println!("metrics: http://{}/metrics", server.metrics);
+    if linger_s > 0 {
+        println!("serving for {linger_s} s more; Ctrl-C stops it now");
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(linger_s)) => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    agents.stop.send(true).ok();
+    for t in agents.tasks {
+        let _ = t.await;
+    }
+    server.stop.send(true).ok();
+    let _ = server.task.await;
+    Ok(())
+}
