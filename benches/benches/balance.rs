@@ -6,9 +6,9 @@ use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use fairplace::engine::balance::{BalanceOpts, Balancer};
-use fairplace::engine::rq::{RqTask, TaskTable};
 use fairplace::engine::decision::{Kind, PlaceRequest};
 use fairplace::engine::features::Features;
+use fairplace::engine::rq::{RqTask, TaskTable};
 use fairplace::engine::state::{CpuState, NodeState, Task};
 use fairplace::engine::topology::Topology;
 use fairplace::engine::{View, select_task_rq};

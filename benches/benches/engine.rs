@@ -8,10 +8,10 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use fairplace::engine::balance::migrate::new_dst_cpu_loop;
 use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::decision::{Kind, PlaceRequest};
 use fairplace::engine::features::Features;
-use fairplace::engine::balance::migrate::new_dst_cpu_loop;
 use fairplace::engine::state::{CpuState, NodeState, SharedHint, Task};
 use fairplace::engine::{View, select_task_rq};
 use fairplace_benches::{Lcg, busy_cpu, node_256, state, system};

@@ -200,7 +200,10 @@ fn placement_asks(node: &str, last: u32, exec_cpu: u32) -> Vec<(&'static str, pb
     use pb::RequestKind::{Exec, Fork, Wakeup};
     let bound = exec_cpu.to_string();
     vec![
-        ("wakeup, last ran on CPU 0", pick(node, Wakeup, 0, Some(0), "", false)),
+        (
+            "wakeup, last ran on CPU 0",
+            pick(node, Wakeup, 0, Some(0), "", false),
+        ),
         (
             "sync wakeup from the last CPU",
             pb::PickCpuRequest {
@@ -209,8 +212,14 @@ fn placement_asks(node: &str, last: u32, exec_cpu: u32) -> Vec<(&'static str, pb
             },
         ),
         ("fork on CPU 0", pick(node, Fork, 0, None, "", false)),
-        ("exec from a busy CPU", pick(node, Exec, exec_cpu, None, "", false)),
-        ("exec bound to that CPU", pick(node, Exec, exec_cpu, None, &bound, false)),
+        (
+            "exec from a busy CPU",
+            pick(node, Exec, exec_cpu, None, "", false),
+        ),
+        (
+            "exec bound to that CPU",
+            pick(node, Exec, exec_cpu, None, &bound, false),
+        ),
         (
             "fork with no node (cluster)",
             pb::PickCpuRequest {
@@ -218,8 +227,14 @@ fn placement_asks(node: &str, last: u32, exec_cpu: u32) -> Vec<(&'static str, pb
                 ..pick(node, Fork, 0, None, "", false)
             },
         ),
-        ("claimed wakeup #1", pick(node, Wakeup, 0, Some(0), "", true)),
-        ("claimed wakeup #2", pick(node, Wakeup, 0, Some(0), "", true)),
+        (
+            "claimed wakeup #1",
+            pick(node, Wakeup, 0, Some(0), "", true),
+        ),
+        (
+            "claimed wakeup #2",
+            pick(node, Wakeup, 0, Some(0), "", true),
+        ),
     ]
 }
 
@@ -230,7 +245,12 @@ async fn show_decisions(client: &Client, agents: &Agents) {
         .get_node(&agents.node_id)
         .await
         .ok()
-        .and_then(|nd| nd.cpus.iter().find(|c| c.online && c.nr_running > 0).map(|c| c.id))
+        .and_then(|nd| {
+            nd.cpus
+                .iter()
+                .find(|c| c.online && c.nr_running > 0)
+                .map(|c| c.id)
+        })
         .unwrap_or(0);
     let mut rows = Vec::new();
     for (what, req) in placement_asks(&agents.node_id, agents.nr_cpus - 1, exec_cpu) {
@@ -244,7 +264,14 @@ async fn show_decisions(client: &Client, agents: &Agents) {
                 r.state_version.to_string(),
                 format!("{:.3}", r.state_age_seconds),
             ],
-            Err(s) => vec![what.to_string(), "-".into(), status(s), "".into(), "".into(), "".into()],
+            Err(s) => vec![
+                what.to_string(),
+                "-".into(),
+                status(s),
+                "".into(),
+                "".into(),
+                "".into(),
+            ],
         };
         rows.push(row);
     }
@@ -252,13 +279,18 @@ async fn show_decisions(client: &Client, agents: &Agents) {
         "fairplace demo: node {} ({} CPUs) reported by the local agent\n",
         agents.node_id, agents.nr_cpus
     );
-    let header = ["request", "node", "cpu", "path", "scanned", "state", "age_s"];
+    let header = [
+        "request", "node", "cpu", "path", "scanned", "state", "age_s",
+    ];
     print!("{}", render(&header, &rows));
 }
 
 /// One load-balance pass of each node, with its proposals.
 async fn show_balance(client: &Client, agents: &Agents) -> Result<(), String> {
-    let nodes = [("this machine", &agents.node_id), ("the simulated node", &agents.sim_id)];
+    let nodes = [
+        ("this machine", &agents.node_id),
+        ("the simulated node", &agents.sim_id),
+    ];
     for (what, id) in nodes {
         let r = client
             .balance(pb::BalanceRequest {
@@ -287,7 +319,10 @@ async fn show_balance(client: &Client, agents: &Agents) -> Result<(), String> {
             })
             .collect();
         if !rows.is_empty() {
-            print!("{}", render(&["task", "cpus", "type", "level", "why"], &rows));
+            print!(
+                "{}",
+                render(&["task", "cpus", "type", "level", "why"], &rows)
+            );
         }
     }
     Ok(())
@@ -296,7 +331,11 @@ async fn show_balance(client: &Client, agents: &Agents) -> Result<(), String> {
 /// The simulated node's cache-aware state in one line.
 async fn show_cache(client: &Client, sim_id: &str) {
     if let Ok(c) = client.get_cache(sim_id).await {
-        let preferring = c.processes.iter().filter(|p| p.preferred_llc.is_some()).count();
+        let preferring = c
+            .processes
+            .iter()
+            .filter(|p| p.preferred_llc.is_some())
+            .count();
         println!(
             "\ncache-aware scheduling on {sim_id}: {} processes tracked, {preferring} with a preferred LLC; {} task_cache_work passes read {} CPUs",
             c.processes.len(),

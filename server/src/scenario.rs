@@ -5,19 +5,17 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
 use crate::engine::features::{Features, SERVICE_ONLY, System};
-use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
-use crate::engine::state::{CpuState, NodeState, Policy, SharedHint, Task};
+use crate::engine::state::{CpuState, MAX_CLOCK, MAX_SIGNAL, NodeState, Policy, SharedHint, Task};
 use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, TopologySpec};
 use crate::engine::{View, can_migrate_task, select_task_rq};
 use crate::quote::{field_key, quote};
 
 /// The largest load, utilisation or flip count a scenario may give.
-const MAX_SIGNAL: i64 = (1 << 31) - 1;
 /// The largest clock value.
-const MAX_CLOCK: i64 = 1 << 62;
 
 /// What a scenario asks.
 #[derive(Debug, Clone)]
@@ -563,46 +561,38 @@ fn parse_cpus(v: Option<&Value>, spec: &TopologySpec) -> Result<Vec<CpuState>, F
             ));
         }
         seen.set(id);
-        let cap = spec.cpus[id].capacity as i64;
-        let nr = o.int_or("nr_running", 0, MAX_SIGNAL, 0)?;
-        let h_nr_idle = o.int_or("h_nr_idle", 0, MAX_SIGNAL, 0)?;
-        if h_nr_idle > nr {
-            return Err(FieldError::new(
-                o.field("h_nr_idle"),
-                format!("{h_nr_idle} exceeds nr_running {nr}"),
-            ));
-        }
-        let nr_delayed = o.int_or("nr_delayed", 0, MAX_SIGNAL, 0)?;
-        if nr_delayed > nr {
-            return Err(FieldError::new(
-                o.field("nr_delayed"),
-                format!("{nr_delayed} exceeds nr_running {nr}"),
-            ));
-        }
-        let capacity = o.int_or("capacity", 1, cap, cap)?;
+        // Parsed at the types' widths; the value rules are CpuState::check's,
+        // the same an agent's report is held to.
+        let cap = spec.cpus[id].capacity;
+        let count = |k| o.int_or(k, 0, u32::MAX as i64, 0).map(|v| v as u32);
+        let signal = |k| o.int_or(k, i64::MIN, i64::MAX, 0);
+        let nr = count("nr_running")?;
         cpus[id] = CpuState {
             online: o.bool_or("online", true)?,
-            nr_running: nr as u32,
-            h_nr_idle: h_nr_idle as u32,
-            nr_delayed: nr_delayed as u32,
-            cfs_h_nr_queued: o.int_or("cfs_h_nr_queued", 0, MAX_SIGNAL, nr)? as u32,
+            nr_running: nr,
+            h_nr_idle: count("h_nr_idle")?,
+            nr_delayed: count("nr_delayed")?,
+            cfs_h_nr_queued: o.int_or("cfs_h_nr_queued", 0, u32::MAX as i64, nr as i64)? as u32,
             curr_is_idle: o.bool_or("curr_is_idle", nr == 0)?,
             ttwu_pending: o.bool_or("ttwu_pending", false)?,
             vcpu_preempted: o.bool_or("vcpu_preempted", false)?,
-            load_avg: o.int_or("load_avg", 0, MAX_SIGNAL, 0)?,
-            runnable_avg: o.int_or("runnable_avg", 0, MAX_SIGNAL, 0)?,
-            util_avg: o.int_or("util_avg", 0, MAX_SIGNAL, 0)?,
-            util_est: o.int_or("util_est", 0, MAX_SIGNAL, 0)?,
-            capacity: capacity as u32,
-            actual_capacity: o.int_or("actual_capacity", 0, cap, cap)? as u32,
+            load_avg: signal("load_avg")?,
+            runnable_avg: signal("runnable_avg")?,
+            util_avg: signal("util_avg")?,
+            util_est: signal("util_est")?,
+            capacity: o.int_or("capacity", 0, u32::MAX as i64, cap as i64)? as u32,
+            actual_capacity: o.int_or("actual_capacity", 0, u32::MAX as i64, cap as i64)? as u32,
             idle_exit_latency: o
-                .nullable_int("idle_exit_latency", 0, u32::MAX as i64 - 1)?
+                .nullable_int("idle_exit_latency", 0, u32::MAX as i64)?
                 .flatten()
                 .map(|x| x as u32),
-            idle_stamp: o.int_or("idle_stamp", 0, MAX_CLOCK, 0)?,
+            idle_stamp: signal("idle_stamp")?,
             curr_is_per_cpu_kthread: o.bool_or("curr_is_per_cpu_kthread", false)?,
             core_cookie: o.int_or("core_cookie", 0, i64::MAX, 0)? as u64,
         };
+        cpus[id]
+            .check(cap)
+            .map_err(|(f, msg)| FieldError::new(o.field(f), msg))?;
     }
     Ok(cpus)
 }
@@ -722,13 +712,7 @@ fn parse_task(
         Some(Value::Null) => None,
         Some(v) => Some(cpu_value(v, "task.recent_used_cpu", n)?),
     };
-    let cpus_allowed = match o.cpulist("cpus_allowed", n)? {
-        None => CpuMask::first_n(n),
-        Some(m) if m.is_empty() => {
-            return Err(FieldError::new("task.cpus_allowed", "must not be empty"));
-        }
-        Some(m) => m,
-    };
+    let cpus_allowed = o.cpulist("cpus_allowed", n)?.unwrap_or(CpuMask::first_n(n));
     let mut t = Task::new(n, prev_cpu);
     t.policy = o.choice(
         "policy",
@@ -741,24 +725,29 @@ fn parse_task(
     )?;
     t.cpus_allowed = cpus_allowed;
     t.recent_used_cpu = recent_used_cpu;
-    t.util_avg = o.int_or("util_avg", 0, MAX_SIGNAL, 0)?;
-    t.util_est = o.int_or("util_est", 0, MAX_SIGNAL, 0)?;
-    t.runnable_avg = o.int_or("runnable_avg", 0, MAX_SIGNAL, 0)?;
-    t.load_avg = o.int_or("load_avg", 0, MAX_SIGNAL, 0)?;
-    t.uclamp_min = o.int_or("uclamp_min", 0, 1024, 0)? as u32;
-    t.uclamp_max = o.int_or("uclamp_max", 0, 1024, 1024)? as u32;
-    t.wakee_flips = o.int_or("wakee_flips", 0, MAX_SIGNAL, 0)?;
+    // Parsed at the types' widths; the value rules are Task::check's, the
+    // same the RPC path applies.
+    t.util_avg = o.int_or("util_avg", i64::MIN, i64::MAX, 0)?;
+    t.util_est = o.int_or("util_est", i64::MIN, i64::MAX, 0)?;
+    t.runnable_avg = o.int_or("runnable_avg", i64::MIN, i64::MAX, 0)?;
+    t.load_avg = o.int_or("load_avg", i64::MIN, i64::MAX, 0)?;
+    t.uclamp_min = o.int_or("uclamp_min", 0, u32::MAX as i64, 0)? as u32;
+    t.uclamp_max = o.int_or("uclamp_max", 0, u32::MAX as i64, 1024)? as u32;
+    t.wakee_flips = o.int_or("wakee_flips", i64::MIN, i64::MAX, 0)?;
     t.migration_disabled = o.bool_or("migration_disabled", false)?;
     t.core_cookie = o.int_or("core_cookie", 0, i64::MAX, 0)? as u64;
-    t.numa_preferred_nid = o.int_or("numa_preferred_nid", -1, 255, -1)? as i32;
+    let nid = o.int_or("numa_preferred_nid", i32::MIN as i64, i32::MAX as i64, -1)?;
+    t.numa_preferred_nid = nid as i32;
     t.per_cpu_kthread = o.bool_or("per_cpu_kthread", false)?;
     t.running = o.bool_or("running", false)?;
     t.sched_delayed = o.bool_or("sched_delayed", false)?;
     t.eligible = o.bool_or("eligible", true)?;
     t.next_buddy = o.bool_or("next_buddy", false)?;
     t.blocked = o.bool_or("blocked", false)?;
-    t.exec_start = o.int_or("exec_start", 0, MAX_CLOCK, 0)?;
+    t.exec_start = o.int_or("exec_start", i64::MIN, i64::MAX, 0)?;
     t.hot = o.nullable_bool("hot")?;
+    t.check()
+        .map_err(|(f, msg)| FieldError::new(o.field(f), msg))?;
     Ok(t)
 }
 

@@ -16,12 +16,12 @@
 //! balance_failed, hot, llc_pinned.
 
 use fairplace::engine::View;
+use fairplace::engine::balance::migrate::MigrationType;
 use fairplace::engine::balance::{BalanceOpts, Balancer, PassStats, Proposal};
-use fairplace::engine::rq::{RqTask, TaskTable};
 use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::features::{Features, System};
 use fairplace::engine::group::GroupType;
-use fairplace::engine::balance::migrate::MigrationType;
+use fairplace::engine::rq::{RqTask, TaskTable};
 use fairplace::engine::state::{CpuState, NodeState, Policy};
 use fairplace::engine::topology::{CpuTopo, Level, Topology, TopologySpec};
 

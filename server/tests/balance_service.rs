@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairplace::engine::rq::RqTask;
-use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::balance::migrate::MigrationType;
+use fairplace::engine::cpumask::CpuMask;
+use fairplace::engine::rq::RqTask;
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
 use fairplace::store::{

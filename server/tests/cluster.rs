@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use fairplace::cluster::{ClusterRequest, NodeAgg};
-use fairplace::engine::group::GroupType;
 use fairplace::engine::cpumask::CpuMask;
+use fairplace::engine::group::GroupType;
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
 use fairplace::store::{Store, StoreConfig, Update};
@@ -107,10 +107,7 @@ fn spare_capacity_beats_an_overloaded_group() {
     };
     s.apply(&n, g, &u, Instant::now()).unwrap();
     let b = n.snapshot().agg;
-    assert_eq!(
-        b.stats(125).group_type,
-        GroupType::Overloaded
-    );
+    assert_eq!(b.stats(125).group_type, GroupType::Overloaded);
     assert_eq!(pick(&s, &ClusterRequest::default()).as_deref(), Some("a1"));
 }
 

@@ -1,7 +1,7 @@
 //! Property tests over random topologies and states.
 
-use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::balance::migrate::new_dst_cpu_loop;
+use fairplace::engine::cpumask::CpuMask;
 use fairplace::scenario::{Answer, Request, Scenario, parse};
 use proptest::prelude::*;
 use serde_json::{Value, json};

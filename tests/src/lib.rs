@@ -78,6 +78,15 @@ impl Server {
     /// SIGTERM, then wait for the graceful exit.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         unsafe_kill(self.child.id(), 15);
+        self.wait()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the server to exit (after a signal sent by the caller).
+    pub fn wait(&mut self) -> std::process::ExitStatus {
         self.child.wait().expect("server exits")
     }
 }

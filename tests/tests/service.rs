@@ -518,17 +518,99 @@ fn health_and_reflection_answer() {
 
 #[test]
 fn sigterm_shuts_down_gracefully() {
-    let mut server = Server::start(&[]);
+    // One heavy worker, so Decide calls queue behind each other and are
+    // still in flight when the signal comes.
+    let mut server = Server::start(&["--heavy-workers", "1", "--heavy-queue", "16"]);
     let addr = server.grpc.clone();
-    rt().block_on(async {
+    let pid = server.pid();
+    let rt = rt();
+    let (health, mut report, calls) = rt.block_on(async {
+        let mut r = Reporter::register(&addr, "n", topology(1, 1, 2, 1))
+            .await
+            .unwrap();
+        r.update(1, true, states(2, &[]), "n").await.unwrap();
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut hc = tonic_health::pb::health_client::HealthClient::new(ch);
+        let mut watch = hc
+            .watch(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let first = watch.message().await.unwrap().unwrap();
+        assert_eq!(
+            first.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
         let c = Client::connect(&addr).await.unwrap();
-        c.ping().await.unwrap();
+        let scenario = big_fork_scenario().to_string();
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let (c, s) = (c.clone(), scenario.clone());
+                tokio::spawn(async move {
+                    let r = c.decide(&s).await;
+                    (r, std::time::Instant::now())
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (watch, r, calls)
     });
-    let status = server.stop();
+    fairplace_e2e::unsafe_kill(pid, 15);
+    let signalled = std::time::Instant::now();
+    rt.block_on(async {
+        // Health turns NOT_SERVING for those watching.
+        let mut health = health;
+        let mut seen = vec![];
+        while let Ok(Some(m)) = health.message().await {
+            seen.push(m.status);
+        }
+        let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+        assert!(
+            seen.contains(&not_serving),
+            "health statuses after SIGTERM: {seen:?}"
+        );
+        // The agent's stream is ended by the server, retriably.
+        let e = report
+            .acks
+            .message()
+            .await
+            .expect_err("the Report stream ends");
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        // Every call in flight is answered, some of them after the signal.
+        let mut after = 0;
+        for h in calls {
+            let (r, done) = h.await.unwrap();
+            let answer = r.expect("a call in flight at SIGTERM completes");
+            assert!(answer.contains("\"cpu\""), "{answer}");
+            after += (done > signalled) as u32;
+        }
+        assert!(after > 0, "no call was still in flight at SIGTERM");
+    });
+    let status = server.wait();
     assert!(status.success(), "graceful exit: {status:?}");
     wait_for(Duration::from_secs(2), "the port to close", || {
         std::net::TcpStream::connect(&addr).is_err().then_some(())
     });
+}
+
+/// A fork on 2,048 CPUs (8 NUMA nodes of 16 LLCs of 8 SMT2 cores): a
+/// Decide that builds a large domain tree and walks the slow path, slow
+/// enough to queue.
+fn big_fork_scenario() -> serde_json::Value {
+    let cpus: Vec<serde_json::Value> = (0..2048)
+        .map(|i| serde_json::json!({"id": i, "core": i / 2, "llc": i / 16, "node": i / 256}))
+        .collect();
+    serde_json::json!({
+        "topology": {"cpus": cpus},
+        "task": {},
+        "request": {"kind": "fork", "this_cpu": 0}
+    })
 }
 
 #[test]

@@ -13,10 +13,10 @@
 
 use clap::Parser;
 use fairplace::engine::balance::{BalanceOpts, Balancer};
-use fairplace::engine::rq::{RqTask, TaskTable};
 use fairplace::engine::cache::{CacheParams, CacheState, LlcMap, ScanStrategy};
 use fairplace::engine::decision::{Kind, PlaceRequest};
 use fairplace::engine::features::Features;
+use fairplace::engine::rq::{RqTask, TaskTable};
 use fairplace::engine::state::{CpuState, NodeState, Task};
 use fairplace::engine::topology::Topology;
 use fairplace::engine::{View, select_task_rq};

@@ -15,10 +15,10 @@
 use std::cmp::Ordering;
 use std::collections::HashSet;
 
+use fairplace_proto::v1 as pb;
 use fairplace_types::limits::{
     MAX_MASKS_PER_NODE, MAX_RUNTIME_NS, MAX_RUNTIME_PER_CPU, MAX_TASKS_PER_CPU, MAX_TASKS_PER_NODE,
 };
-use fairplace_proto::v1 as pb;
 
 use super::TaskReport;
 

@@ -229,7 +229,16 @@ async fn run(cli: Cli) -> Result<(), String> {
 }
 
 async fn pick_cmd(cli: &Cli, args: &PickArgs) -> Result<(), String> {
-    let PickArgs {node, kind: k, this_cpu, prev_cpu, sync, claim, count, task: t,} = args;
+    let PickArgs {
+        node,
+        kind: k,
+        this_cpu,
+        prev_cpu,
+        sync,
+        claim,
+        count,
+        task: t,
+    } = args;
     let c = connect(cli).await?;
     let req = pb::PickCpuRequest {
         node_id: node.clone(),
@@ -268,7 +277,16 @@ async fn pick_cmd(cli: &Cli, args: &PickArgs) -> Result<(), String> {
 }
 
 async fn migrate_cmd(cli: &Cli, args: &MigrateArgs) -> Result<(), String> {
-    let MigrateArgs {node, src, dst, sd_level, idle, nr_balance_failed, running, task: t,} = args;
+    let MigrateArgs {
+        node,
+        src,
+        dst,
+        sd_level,
+        idle,
+        nr_balance_failed,
+        running,
+        task: t,
+    } = args;
     let c = connect(cli).await?;
     let mut tk = task(t, None)?;
     tk.running = *running;
@@ -320,7 +338,14 @@ async fn migrate_cmd(cli: &Cli, args: &MigrateArgs) -> Result<(), String> {
 }
 
 async fn balance_cmd(cli: &Cli, args: &BalanceArgs) -> Result<(), String> {
-    let BalanceArgs {node, cluster, cpus, honor_intervals, apply, max,} = args;
+    let BalanceArgs {
+        node,
+        cluster,
+        cpus,
+        honor_intervals,
+        apply,
+        max,
+    } = args;
     let c = connect(cli).await?;
     let mut req = pb::BalanceRequest {
         cpus: cpus.clone(),
@@ -418,7 +443,7 @@ async fn balance_cmd(cli: &Cli, args: &BalanceArgs) -> Result<(), String> {
 }
 
 async fn cache_cmd(cli: &Cli, args: &CacheArgs) -> Result<(), String> {
-    let CacheArgs {node} = args;
+    let CacheArgs { node } = args;
     let c = connect(cli).await?;
     let r = c.get_cache(node).await.map_err(status)?;
     if cli.json {
@@ -540,7 +565,7 @@ async fn nodes_cmd(cli: &Cli) -> Result<(), String> {
 }
 
 async fn node_cmd(cli: &Cli, args: &NodeArgs) -> Result<(), String> {
-    let NodeArgs {id} = args;
+    let NodeArgs { id } = args;
     let c = connect(cli).await?;
     let n = c.get_node(id).await.map_err(status)?;
     let topo = n.topology.unwrap_or_default();
@@ -601,7 +626,11 @@ async fn node_cmd(cli: &Cli, args: &NodeArgs) -> Result<(), String> {
 }
 
 async fn features_cmd(cli: &Cli, args: &FeaturesArgs) -> Result<(), String> {
-    let FeaturesArgs {node, set, clear_overrides,} = args;
+    let FeaturesArgs {
+        node,
+        set,
+        clear_overrides,
+    } = args;
     let c = connect(cli).await?;
     let f = if set.is_empty() && !clear_overrides {
         c.get_features(node).await.map_err(status)?
@@ -650,7 +679,7 @@ async fn features_cmd(cli: &Cli, args: &FeaturesArgs) -> Result<(), String> {
 }
 
 async fn decide_cmd(cli: &Cli, args: &DecideArgs) -> Result<(), String> {
-    let DecideArgs {file} = args;
+    let DecideArgs { file } = args;
     let c = connect(cli).await?;
     let text = std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?;
     let mut bad = 0;

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::engine::group::{
-    DstDomain, NumaPref, SgLbStats, finish_wakeup_stats, leave_local_group, wakeup_stats,
-    update_pick_idlest,
+    DstDomain, NumaPref, SgLbStats, finish_wakeup_stats, leave_local_group, update_pick_idlest,
+    wakeup_stats,
 };
 use crate::engine::state::{CpuState, GroupSum, NodeState};
 use crate::engine::topology::Topology;

@@ -19,5 +19,5 @@ pub mod topology;
 pub use fairplace_types::cpumask;
 
 pub use balance::migrate::can_migrate_task;
-pub use placement::core::select_task_rq;
 pub use ctx::View;
+pub use placement::core::select_task_rq;

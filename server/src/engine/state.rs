@@ -136,7 +136,7 @@ impl CpuState {
                 ),
             ));
         }
-        if !(0..=(1i64 << 62)).contains(&self.idle_stamp) {
+        if !(0..=MAX_CLOCK).contains(&self.idle_stamp) {
             return Err((
                 "idle_stamp",
                 format!("{} is out of range 0..2^62", self.idle_stamp),
@@ -179,6 +179,10 @@ pub struct SharedState {
 }
 
 pub use fairplace_types::limits::MAX_SIGNAL;
+
+/// The largest clock value (ns) an input may carry: 2^62, so differences
+/// of two clocks never overflow.
+pub const MAX_CLOCK: i64 = 1 << 62;
 
 /// `cpu_util(cpu, p, -1, boost)`: the CPU's CFS utilisation with util_est as
 /// the features say, raised to the runnable average when `boost`
@@ -398,7 +402,15 @@ impl NodeState {
             .span(o.span)
             .iter()
             .filter(|&i| topo.online.test(i))
-            .map(|i| cpu_util(&self.cpus[i], topo.capacity_orig(i), features.util_est, false, None))
+            .map(|i| {
+                cpu_util(
+                    &self.cpus[i],
+                    topo.capacity_orig(i),
+                    features.util_est,
+                    false,
+                    None,
+                )
+            })
             .sum();
         let x = sum_util / w;
         let tmp = (x * x * pct * pct / (10000 * 1024)).min(1024);
@@ -470,6 +482,40 @@ pub struct Task {
 }
 
 impl Task {
+    /// Checks the rules a task must keep, whatever path it came in by (a
+    /// scenario or an RPC). Returns the offending field and what is wrong.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        let range = |name, v: i64, lo: i64, hi: i64, shown: &str| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err((name, format!("{v} is out of range {lo}..{shown}")))
+            }
+        };
+        if self.cpus_allowed.is_empty() {
+            return Err(("cpus_allowed", "must not be empty".into()));
+        }
+        for (name, v) in [
+            ("util_avg", self.util_avg),
+            ("util_est", self.util_est),
+            ("runnable_avg", self.runnable_avg),
+            ("load_avg", self.load_avg),
+            ("wakee_flips", self.wakee_flips),
+        ] {
+            range(name, v, 0, MAX_SIGNAL, &MAX_SIGNAL.to_string())?;
+        }
+        range("uclamp_min", self.uclamp_min as i64, 0, 1024, "1024")?;
+        range("uclamp_max", self.uclamp_max as i64, 0, 1024, "1024")?;
+        let nid = self.numa_preferred_nid as i64;
+        range("numa_preferred_nid", nid, -1, 255, "255")?;
+        range("exec_start", self.exec_start, 0, MAX_CLOCK, "2^62")?;
+        if self.core_cookie > i64::MAX as u64 {
+            let msg = format!("{} is out of range 0..{}", self.core_cookie, i64::MAX);
+            return Err(("core_cookie", msg));
+        }
+        Ok(())
+    }
+
     /// A normal task allowed everywhere, last run on `prev_cpu`.
     pub fn new(nr_cpus: usize, prev_cpu: usize) -> Self {
         Self {

@@ -5,20 +5,15 @@ use fairplace_proto::v1 as pb;
 use tonic::Status;
 
 use crate::engine::balance::cluster::ClusterBalanceOutcome;
+use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::balance::{PassStats, Proposal};
-use crate::engine::rq::{RqTask, TaskTable};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
 use crate::engine::group::GroupType;
-use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
-use crate::engine::state::{CpuState, Policy, Task};
+use crate::engine::rq::{RqTask, TaskTable};
+use crate::engine::state::{CpuState, MAX_CLOCK, MAX_SIGNAL, Policy, Task};
 use crate::engine::topology::{CpuTopo, FieldError, Topology, TopologySpec};
-use crate::store::{
-    BalanceOutcome, CpuTaskList, RuntimeEntry, Snapshot, Update,
-};
-
-const MAX_SIGNAL: i64 = (1 << 31) - 1;
-const MAX_CLOCK: i64 = 1 << 62;
+use crate::store::{BalanceOutcome, CpuTaskList, RuntimeEntry, Snapshot, Update};
 
 pub fn invalid(e: FieldError) -> Status {
     Status::invalid_argument(e.to_string())
@@ -139,6 +134,24 @@ pub fn cpu_state_to_pb(id: usize, c: &CpuState) -> pb::CpuState {
     }
 }
 
+/// The one mapping between the wire's scheduling policy and the engine's.
+fn policy(v: i32, field: &str) -> Result<Policy, FieldError> {
+    match pb::Policy::try_from(v) {
+        Ok(pb::Policy::Normal) => Ok(Policy::Normal),
+        Ok(pb::Policy::Batch) => Ok(Policy::Batch),
+        Ok(pb::Policy::Idle) => Ok(Policy::Idle),
+        Err(_) => Err(err(field, format!("{v} is not a policy"))),
+    }
+}
+
+fn policy_to_pb(p: Policy) -> pb::Policy {
+    match p {
+        Policy::Normal => pb::Policy::Normal,
+        Policy::Batch => pb::Policy::Batch,
+        Policy::Idle => pb::Policy::Idle,
+    }
+}
+
 fn signal(v: i64, field: &str) -> Result<i64, FieldError> {
     if (0..=MAX_SIGNAL).contains(&v) {
         Ok(v)
@@ -186,19 +199,9 @@ pub fn task(
         task_cpu
     };
     let mut task = Task::new(topo.nr_cpus, prev_cpu);
-    task.policy = match pb::Policy::try_from(t.policy) {
-        Ok(pb::Policy::Normal) => Policy::Normal,
-        Ok(pb::Policy::Batch) => Policy::Batch,
-        Ok(pb::Policy::Idle) => Policy::Idle,
-        Err(_) => return Err(err("task.policy", format!("{} is not a policy", t.policy))),
-    };
+    task.policy = policy(t.policy, "task.policy")?;
     if let Some(m) = cpulist(&t.cpus_allowed, topo, "task.cpus_allowed")? {
-        if m.is_empty() {
-            return Err(err("task.cpus_allowed", "must not be empty"));
-        }
         task.cpus_allowed = m;
-    } else if t.cpus_allowed.contains(',') {
-        return Err(err("task.cpus_allowed", "is malformed"));
     }
     task.recent_used_cpu = if t.no_recent_used_cpu {
         None
@@ -208,54 +211,26 @@ pub fn task(
             None => Some(prev_cpu),
         }
     };
-    task.util_avg = signal(t.util_avg, "task.util_avg")?;
-    task.util_est = signal(t.util_est, "task.util_est")?;
-    task.runnable_avg = signal(t.runnable_avg, "task.runnable_avg")?;
-    task.load_avg = signal(t.load_avg, "task.load_avg")?;
-    task.wakee_flips = signal(t.wakee_flips, "task.wakee_flips")?;
-    if t.uclamp_min > 1024 {
-        return Err(err(
-            "task.uclamp_min",
-            format!("{} is out of range 0..1024", t.uclamp_min),
-        ));
-    }
+    task.util_avg = t.util_avg;
+    task.util_est = t.util_est;
+    task.runnable_avg = t.runnable_avg;
+    task.load_avg = t.load_avg;
+    task.wakee_flips = t.wakee_flips;
     task.uclamp_min = t.uclamp_min;
     task.uclamp_max = t.uclamp_max.unwrap_or(1024);
-    if task.uclamp_max > 1024 {
-        return Err(err(
-            "task.uclamp_max",
-            format!("{} is out of range 0..1024", task.uclamp_max),
-        ));
-    }
     task.migration_disabled = t.migration_disabled;
     task.core_cookie = t.core_cookie;
     task.numa_preferred_nid = t.numa_preferred_nid.unwrap_or(-1);
-    if !(-1..=255).contains(&task.numa_preferred_nid) {
-        return Err(err(
-            "task.numa_preferred_nid",
-            format!("{} is out of range -1..255", task.numa_preferred_nid),
-        ));
-    }
     task.per_cpu_kthread = t.per_cpu_kthread;
     task.running = t.running;
     task.sched_delayed = t.sched_delayed;
     task.eligible = t.eligible.unwrap_or(true);
     task.next_buddy = t.next_buddy;
     task.blocked = t.blocked;
-    if !(0..=MAX_CLOCK).contains(&t.exec_start) {
-        return Err(err(
-            "task.exec_start",
-            format!("{} is out of range 0..2^62", t.exec_start),
-        ));
-    }
-    if t.core_cookie > i64::MAX as u64 {
-        return Err(err(
-            "task.core_cookie",
-            format!("{} is out of range 0..{}", t.core_cookie, i64::MAX),
-        ));
-    }
     task.exec_start = t.exec_start;
     task.hot = t.hot;
+    task.check()
+        .map_err(|(f, msg)| err(format!("task.{f}"), msg))?;
     Ok(task)
 }
 
@@ -495,12 +470,7 @@ fn runnable_task(
     path: &str,
 ) -> Result<(RqTask, Option<CpuMask>), FieldError> {
     let f = |x: &str| format!("{path}.{x}");
-    let policy = match pb::Policy::try_from(t.policy) {
-        Ok(pb::Policy::Normal) => Policy::Normal,
-        Ok(pb::Policy::Batch) => Policy::Batch,
-        Ok(pb::Policy::Idle) => Policy::Idle,
-        Err(_) => return Err(err(f("policy"), format!("{} is not a policy", t.policy))),
-    };
+    let policy = policy(t.policy, &f("policy"))?;
     if !(-20..=19).contains(&t.nice) {
         return Err(err(
             f("nice"),
@@ -707,11 +677,7 @@ pub fn task_lists_to_pb(t: &TaskTable) -> Vec<pb::CpuTasks> {
                 .map(|x| pb::RunnableTask {
                     id: x.id,
                     group: x.group,
-                    policy: match x.policy {
-                        Policy::Normal => pb::Policy::Normal,
-                        Policy::Batch => pb::Policy::Batch,
-                        Policy::Idle => pb::Policy::Idle,
-                    } as i32,
+                    policy: policy_to_pb(x.policy) as i32,
                     nice: x.nice as i32,
                     cpus_allowed: if x.allowed == 0 {
                         String::new()

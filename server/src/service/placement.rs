@@ -13,6 +13,7 @@ use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
 use crate::cluster::ClusterRequest;
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
+use crate::engine::decision::{PlaceRequest, Placement as Decision};
 use crate::engine::{View, can_migrate_task, select_task_rq};
 use crate::metrics as m;
 use crate::scenario::decide_value;
@@ -58,30 +59,25 @@ impl Placement {
                 }
                 // Contended: decide once more, holding the node's writer.
                 let sys = self.store.config.system;
-                let (p, snap) = self.store.claim_locked(node, now, |cur| {
+                let (p, version, took) = self.store.claim_locked(node, now, |cur| {
                     let view = View {
                         topo: &cur.topo,
                         state: &cur.state,
                         features: &cur.features,
                         system: &sys,
                     };
+                    let t0 = Instant::now();
                     let p = select_task_rq(view, &task, &preq);
-                    ((p, cur.version), Some(p.cpu))
+                    let took = t0.elapsed().as_secs_f64();
+                    ((p, cur.version, took), Some(p.cpu))
                 });
+                record_decision(node, &preq, &p, took, age);
                 let mut resp = convert::pick_response(&p, &node.snapshot(), age);
-                resp.state_version = snap;
+                resp.state_version = version;
                 resp.node_id = node.id.clone();
                 return Ok(resp);
             }
-            let kind = preq.kind.as_str();
-            let path = p.path.as_str();
-            metrics::counter!(m::DECISIONS, "kind" => kind, "path" => path).increment(1);
-            metrics::histogram!(m::DECISION_SCANNED, "kind" => kind, "path" => path)
-                .record(p.scanned as f64);
-            metrics::histogram!(m::DECISION_DURATION, "kind" => kind).record(took);
-            metrics::histogram!(m::DECISION_STATE_AGE).record(age);
-            // Per node: kept on the node, rendered at scrape time.
-            node.count_decision(preq.kind);
+            record_decision(node, &preq, &p, took, age);
             let mut resp = convert::pick_response(&p, &snap, age);
             resp.node_id = node.id.clone();
             return Ok(resp);
@@ -365,4 +361,18 @@ fn count_claims(caller: &Caller, n: usize) {
     if n > 0 {
         metrics::counter!(m::CLAIMS_BY_CALLER, "caller" => caller.claimant()).increment(n as u64);
     }
+}
+
+/// The decision metrics, on whichever path (first try or contended) the
+/// placement was decided.
+fn record_decision(node: &Node, preq: &PlaceRequest, p: &Decision, took: f64, age: f64) {
+    let kind = preq.kind.as_str();
+    let path = p.path.as_str();
+    metrics::counter!(m::DECISIONS, "kind" => kind, "path" => path).increment(1);
+    metrics::histogram!(m::DECISION_SCANNED, "kind" => kind, "path" => path)
+        .record(p.scanned as f64);
+    metrics::histogram!(m::DECISION_DURATION, "kind" => kind).record(took);
+    metrics::histogram!(m::DECISION_STATE_AGE).record(age);
+    // Per node: kept on the node, rendered at scrape time.
+    node.count_decision(preq.kind);
 }

@@ -31,11 +31,11 @@ pub use tasks::{
 
 use crate::cluster::{Cluster, ClusterChoice, ClusterConfig, ClusterRequest, NodeAgg};
 use crate::engine::balance::Balancer;
-use crate::engine::rq::TaskTable;
 use crate::engine::cache::{CacheParams, CacheState, LlcMap};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::Kind;
 use crate::engine::features::{Features, System};
+use crate::engine::rq::TaskTable;
 use crate::engine::state::{CpuState, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};
 

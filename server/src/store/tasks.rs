@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::engine::rq::{RqTask, TaskTable};
 use crate::engine::cpumask::CpuMask;
+use crate::engine::rq::{RqTask, TaskTable};
 use crate::engine::topology::FieldError;
 
 use super::Update;

@@ -98,8 +98,13 @@ struct WorkNode {
 impl WorkNode {
     fn lists(&mut self) -> &mut Vec<VecDeque<RqTask>> {
         let table = &self.m.tasks;
-        self.lists
-            .get_or_insert_with(|| table.cpus.iter().map(|l| l.iter().cloned().collect()).collect())
+        self.lists.get_or_insert_with(|| {
+            table
+                .cpus
+                .iter()
+                .map(|l| l.iter().cloned().collect())
+                .collect()
+        })
     }
 }
 
@@ -276,9 +281,14 @@ impl ClusterPass<'_> {
             }
             let nr = a.nr_running as u64;
             match ty {
-                MigrationType::Load => {
-                    best.consider_load(i, nr, a.load as u64, a.capacity.max(1) as u64, false, imbalance)
-                }
+                MigrationType::Load => best.consider_load(
+                    i,
+                    nr,
+                    a.load as u64,
+                    a.capacity.max(1) as u64,
+                    false,
+                    imbalance,
+                ),
                 MigrationType::Util => best.consider_util(i, nr, a.util as u64),
                 _ => best.consider_count(i, nr),
             }
@@ -302,7 +312,14 @@ impl ClusterPass<'_> {
             match ty {
                 MigrationType::Load => {
                     let reduced = check_cpu_capacity(rq, orig, self.level.imbalance_pct);
-                    best.consider_load(i, nr, rq.load_avg as u64, rq.capacity as u64, reduced, imbalance)
+                    best.consider_load(
+                        i,
+                        nr,
+                        rq.load_avg as u64,
+                        rq.capacity as u64,
+                        reduced,
+                        imbalance,
+                    )
                 }
                 MigrationType::Util => {
                     best.consider_util(i, nr, cpu_util(rq, orig, m.util_est, true, None) as u64)
@@ -424,7 +441,9 @@ fn idlest_cpu(m: &ClusterMember) -> usize {
     }
     (0..m.cpus.len())
         .filter(online)
-        .min_by_key(|&i| (m.cpus[i].load_avg.max(0) as u64 * 1024) / m.cpus[i].capacity.max(1) as u64)
+        .min_by_key(|&i| {
+            (m.cpus[i].load_avg.max(0) as u64 * 1024) / m.cpus[i].capacity.max(1) as u64
+        })
         .unwrap_or(0)
 }
 

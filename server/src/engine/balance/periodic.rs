@@ -12,12 +12,12 @@
 
 use std::collections::VecDeque;
 
+use crate::engine::balance::lb::{self, DomainParams, SdTotals};
+use crate::engine::balance::migrate::{self, IdleType, MigrateEnv, MigrationType, Reason, lbf};
 use crate::engine::cache::{self, LlcView};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::ctx::{Ctx, View};
-use crate::engine::balance::lb::{self, DomainParams, SdTotals};
 use crate::engine::group::{self, GroupType, SgLbStats};
-use crate::engine::balance::migrate::{self, IdleType, MigrateEnv, MigrationType, Reason, lbf};
 use crate::engine::rq::{RqTask, TaskTable, h_nr_runnable, rq_add, rq_sub};
 use crate::engine::state::{NodeState, cpu_util};
 
@@ -1141,4 +1141,3 @@ fn sgc_index(topo: &Topology, level: Level, g: SpanId) -> usize {
     let at = topo.levels.iter().position(|&l| l == level).unwrap_or(0);
     at * topo.spans.len() + g as usize
 }
-

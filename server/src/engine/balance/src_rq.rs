@@ -40,7 +40,15 @@ impl BusiestRq {
     /// task would overshoot the imbalance is passed over unless its capacity
     /// is reduced (`check_cpu_capacity()`): moving it would gain nothing.
     #[inline]
-    pub fn consider_load(&mut self, i: usize, nr: u64, load: u64, capacity: u64, reduced: bool, imbalance: i64) {
+    pub fn consider_load(
+        &mut self,
+        i: usize,
+        nr: u64,
+        load: u64,
+        capacity: u64,
+        reduced: bool,
+        imbalance: i64,
+    ) {
         if nr == 1 && load as i128 > imbalance as i128 && !reduced {
             return;
         }

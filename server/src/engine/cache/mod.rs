@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::engine::cpumask::CpuMask;
-use crate::engine::rq::RqTask;
 use crate::engine::group::SgLbStats;
+use crate::engine::rq::RqTask;
 use crate::engine::state::{NodeState, cpu_util};
 use crate::engine::topology::{Domain, Topology, sd};
 
