@@ -279,7 +279,7 @@ impl Store {
         if n == 0 {
             return 0;
         }
-        let cpus = super::base_cpus(&cur, &w);
+        let cpus = super::claims::base_cpus(&cur, &w);
         let topo = std::sync::Arc::clone(&cur.topo);
         self.publish(node, &mut w, cpus, topo, cur.features, None, &cur);
         n

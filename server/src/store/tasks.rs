@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::engine::cpumask::CpuMask;
 use crate::engine::rq::{RqTask, TaskTable};
+use crate::engine::state::MAX_CLOCK;
 use crate::engine::topology::FieldError;
 
 use super::Update;
@@ -82,6 +83,28 @@ pub(super) fn merge(
         // Nothing listed: a delta keeps the lists, a full update empties them.
         return Ok(Arc::clone(if u.full { empty } else { cur }));
     }
+    check_task_totals(u)?;
+    let (listed_cpus, ids) = check_task_lists(u, n, online)?;
+    let mut table = carry_over(cur, u.full, n, &listed_cpus, &ids);
+    // CPUs offline after this update run nothing.
+    for c in 0..n {
+        if !online.test(c) && !table.cpus[c].is_empty() {
+            table.cpus[c] = Vec::new().into();
+        }
+    }
+    if table.masks.len() > table.compact_at {
+        compact_masks(&mut table, n);
+        // Compact again only once the table has doubled.
+        table.compact_at = (2 * table.masks.len()).max(256);
+    }
+    for l in &u.tasks {
+        install_list(&mut table, l);
+    }
+    Ok(Arc::new(table))
+}
+
+/// The node-wide bounds: tasks listed and distinct affinity masks.
+fn check_task_totals(u: &Update) -> Result<(), FieldError> {
     let listed: usize = u.tasks.iter().map(|l| l.tasks.len()).sum();
     if listed > MAX_TASKS_PER_NODE {
         return Err(FieldError::new(
@@ -103,45 +126,21 @@ pub(super) fn merge(
             ),
         ));
     }
+    Ok(())
+}
+
+/// Each listed CPU's rules and its tasks'; returns the CPUs listed and the
+/// ids of every listed task.
+fn check_task_lists(
+    u: &Update,
+    n: usize,
+    online: &CpuMask,
+) -> Result<(CpuMask, HashSet<u64>), FieldError> {
     let mut seen_cpu = CpuMask::new();
     let mut ids: HashSet<u64> = HashSet::new();
     for (k, l) in u.tasks.iter().enumerate() {
-        let f = |x: &str| format!("update.tasks[{k}].{x}");
-        let cpu = l.cpu as usize;
-        if cpu >= n {
-            return Err(FieldError::new(
-                f("cpu"),
-                format!("CPU {cpu} is not in the topology ({n} CPUs)"),
-            ));
-        }
-        if seen_cpu.test(cpu) {
-            return Err(FieldError::new(
-                f("cpu"),
-                format!("CPU {cpu} is listed twice"),
-            ));
-        }
-        seen_cpu.set(cpu);
-        if !online.test(cpu) && !l.tasks.is_empty() {
-            return Err(FieldError::new(
-                f("cpu"),
-                format!("CPU {cpu} is offline and cannot run tasks"),
-            ));
-        }
-        if l.tasks.len() > MAX_TASKS_PER_CPU {
-            return Err(FieldError::new(
-                f("tasks"),
-                format!(
-                    "{} tasks exceed the limit of {MAX_TASKS_PER_CPU}",
-                    l.tasks.len()
-                ),
-            ));
-        }
-        if !(0..=(1i64 << 62)).contains(&l.clock) {
-            return Err(FieldError::new(
-                f("clock_task"),
-                format!("{} is out of range 0..2^62", l.clock),
-            ));
-        }
+        check_cpu_list(k, l, n, online, &seen_cpu)?;
+        seen_cpu.set(l.cpu as usize);
         let mut running = 0;
         for (j, (t, mask)) in l.tasks.iter().enumerate() {
             let g = |x: &str| format!("update.tasks[{k}].tasks[{j}].{x}");
@@ -163,57 +162,105 @@ pub(super) fn merge(
             if running > 1 {
                 return Err(FieldError::new(
                     g("running"),
-                    format!("a second running task on CPU {cpu}"),
+                    format!("a second running task on CPU {}", l.cpu),
                 ));
             }
         }
     }
-    let mut table = if u.full {
-        TaskTable::empty(n)
-    } else {
-        let mut t = (**cur).clone();
-        // Tasks this delta lists leave the CPUs it does not list.
-        for c in 0..n {
-            if !seen_cpu.test(c) && t.cpus[c].iter().any(|x| ids.contains(&x.id)) {
-                let rest: Vec<RqTask> = t.cpus[c]
-                    .iter()
-                    .filter(|x| !ids.contains(&x.id))
-                    .cloned()
-                    .collect();
-                t.cpus[c] = rest.into();
-            }
-        }
-        t
-    };
-    // CPUs offline after this update run nothing.
+    Ok((seen_cpu, ids))
+}
+
+/// One listed CPU: in the topology, listed once, online if it has tasks,
+/// within the per-CPU bound, with a clock in range.
+fn check_cpu_list(
+    k: usize,
+    l: &CpuTaskList,
+    n: usize,
+    online: &CpuMask,
+    seen: &CpuMask,
+) -> Result<(), FieldError> {
+    let f = |x: &str| format!("update.tasks[{k}].{x}");
+    let cpu = l.cpu as usize;
+    if cpu >= n {
+        return Err(FieldError::new(
+            f("cpu"),
+            format!("CPU {cpu} is not in the topology ({n} CPUs)"),
+        ));
+    }
+    if seen.test(cpu) {
+        return Err(FieldError::new(
+            f("cpu"),
+            format!("CPU {cpu} is listed twice"),
+        ));
+    }
+    if !online.test(cpu) && !l.tasks.is_empty() {
+        return Err(FieldError::new(
+            f("cpu"),
+            format!("CPU {cpu} is offline and cannot run tasks"),
+        ));
+    }
+    if l.tasks.len() > MAX_TASKS_PER_CPU {
+        return Err(FieldError::new(
+            f("tasks"),
+            format!(
+                "{} tasks exceed the limit of {MAX_TASKS_PER_CPU}",
+                l.tasks.len()
+            ),
+        ));
+    }
+    if !(0..=MAX_CLOCK).contains(&l.clock) {
+        return Err(FieldError::new(
+            f("clock_task"),
+            format!("{} is out of range 0..2^62", l.clock),
+        ));
+    }
+    Ok(())
+}
+
+/// The table a report starts from: empty for a full one; for a delta the
+/// current lists, less the listed tasks on CPUs the delta does not list
+/// (they moved).
+fn carry_over(
+    cur: &Arc<TaskTable>,
+    full: bool,
+    n: usize,
+    listed_cpus: &CpuMask,
+    ids: &HashSet<u64>,
+) -> TaskTable {
+    if full {
+        return TaskTable::empty(n);
+    }
+    let mut t = (**cur).clone();
     for c in 0..n {
-        if !online.test(c) && !table.cpus[c].is_empty() {
-            table.cpus[c] = Vec::new().into();
+        if !listed_cpus.test(c) && t.cpus[c].iter().any(|x| ids.contains(&x.id)) {
+            let rest: Vec<RqTask> = t.cpus[c]
+                .iter()
+                .filter(|x| !ids.contains(&x.id))
+                .cloned()
+                .collect();
+            t.cpus[c] = rest.into();
         }
     }
-    if table.masks.len() > table.compact_at {
-        compact_masks(&mut table, n);
-        // Compact again only once the table has doubled.
-        table.compact_at = (2 * table.masks.len()).max(256);
+    t
+}
+
+/// Puts one CPU's reported list in the table, masks interned, head first.
+fn install_list(table: &mut TaskTable, l: &CpuTaskList) {
+    let cpu = l.cpu as usize;
+    let mut list: Vec<RqTask> = Vec::with_capacity(l.tasks.len());
+    for (t, mask) in &l.tasks {
+        let mut t = t.clone();
+        t.allowed = match mask {
+            None => 0,
+            Some(m) if *m == table.masks[0] => 0,
+            Some(m) => table.intern_mask(*m),
+        };
+        list.push(t);
     }
-    for l in &u.tasks {
-        let cpu = l.cpu as usize;
-        let mut list: Vec<RqTask> = Vec::with_capacity(l.tasks.len());
-        for (t, mask) in &l.tasks {
-            let mut t = t.clone();
-            t.allowed = match mask {
-                None => 0,
-                Some(m) if *m == table.masks[0] => 0,
-                Some(m) => table.intern_mask(*m),
-            };
-            list.push(t);
-        }
-        // Head = ran most recently, as cfs_tasks is kept.
-        list.sort_by(|a, b| b.exec_start.cmp(&a.exec_start).then(a.id.cmp(&b.id)));
-        table.cpus[cpu] = list.into();
-        table.clock[cpu] = l.clock;
-    }
-    Ok(Arc::new(table))
+    // Head = ran most recently, as cfs_tasks is kept.
+    list.sort_by(|a, b| b.exec_start.cmp(&a.exec_start).then(a.id.cmp(&b.id)));
+    table.cpus[cpu] = list.into();
+    table.clock[cpu] = l.clock;
 }
 
 /// Drops masks no task uses any more, renumbering the rest.

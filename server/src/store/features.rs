@@ -1,0 +1,82 @@
+//! Sched features: the global set and per-node overrides, and the node
+//! snapshots republished when they change.
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
+
+use crate::engine::features::Features;
+use crate::engine::topology::FieldError;
+
+use super::claims::base_cpus;
+use super::{Node, Store};
+
+impl Store {
+    pub fn global_features(&self) -> Features {
+        **self.global.load()
+    }
+
+    /// The node's overrides of the global features.
+    pub fn overrides(&self, node: &Node) -> HashMap<String, bool> {
+        node.writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .overrides
+            .clone()
+    }
+
+    /// Sets global features (`node = None`) or a node's overrides, and
+    /// republishes the affected snapshots with the new effective features.
+    pub fn set_features(
+        &self,
+        node: Option<&Node>,
+        set: &[(String, bool)],
+        clear_overrides: bool,
+    ) -> Result<(), FieldError> {
+        let mut check = Features::default();
+        for (k, v) in set {
+            if !check.set(k, *v) {
+                // A long name is quoted and cut, never echoed whole.
+                let name = crate::quote::field_key(k);
+                return Err(FieldError::new(format!("set.{name}"), "unknown feature"));
+            }
+        }
+        match node {
+            None => {
+                let _serial = self
+                    .global_lock
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let mut g = self.global_features();
+                for (k, v) in set {
+                    g.set(k, *v);
+                }
+                self.global.store(Arc::new(g));
+                for n in self.nodes() {
+                    self.refresh_features(&n, None, false);
+                }
+            }
+            Some(n) => self.refresh_features(n, Some(set), clear_overrides),
+        }
+        Ok(())
+    }
+
+    pub(super) fn refresh_features(&self, node: &Node, set: Option<&[(String, bool)]>, clear: bool) {
+        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if clear {
+            w.overrides.clear();
+        }
+        if let Some(set) = set {
+            for (k, v) in set {
+                w.overrides.insert(k.clone(), *v);
+            }
+        }
+        let mut f = self.global_features();
+        for (k, v) in &w.overrides {
+            f.set(k, *v);
+        }
+        let cur = node.snapshot();
+        let cpus = base_cpus(&cur, &w);
+        let topo = Arc::clone(&cur.topo);
+        self.publish(node, &mut w, cpus, topo, f, None, &cur);
+    }
+}
