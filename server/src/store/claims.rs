@@ -23,7 +23,14 @@ impl Store {
     }
 
     /// Counts one more task on `cpu` until its TTL, and publishes.
-    pub(super) fn add_claim(&self, node: &Node, w: &mut Writer, cur: &Snapshot, cpu: usize, now: Instant) {
+    pub(super) fn add_claim(
+        &self,
+        node: &Node,
+        w: &mut Writer,
+        cur: &Snapshot,
+        cpu: usize,
+        now: Instant,
+    ) {
         let base = cur.state.cpus[cpu];
         w.claims
             .entry(cpu as u32)

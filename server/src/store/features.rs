@@ -60,7 +60,12 @@ impl Store {
         Ok(())
     }
 
-    pub(super) fn refresh_features(&self, node: &Node, set: Option<&[(String, bool)]>, clear: bool) {
+    pub(super) fn refresh_features(
+        &self,
+        node: &Node,
+        set: Option<&[(String, bool)]>,
+        clear: bool,
+    ) {
         let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         if clear {
             w.overrides.clear();

@@ -439,7 +439,6 @@ impl Store {
     pub fn now_ms(&self, now: Instant) -> u64 {
         now.saturating_duration_since(self.epoch).as_millis() as u64
     }
-
 }
 
 #[cfg(test)]

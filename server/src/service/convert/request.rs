@@ -1,0 +1,249 @@
+//! Placement and migration requests: the task and the request become the
+//! engine's, the decision becomes the answer.
+
+use fairplace_proto::v1 as pb;
+
+use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
+use crate::engine::decision::{Kind, PlaceRequest, Placement};
+use crate::engine::state::{MAX_CLOCK, MAX_SIGNAL, Task};
+use crate::engine::topology::{FieldError, Topology};
+use crate::quote::quote;
+use crate::store::Snapshot;
+
+use super::{cpu_in, cpulist, err, policy, signal};
+
+/// A task for a placement or a migration check; `task_cpu` stands in for
+/// prev_cpu where the request fixes it.
+pub fn task(
+    t: Option<&pb::Task>,
+    topo: &Topology,
+    wakeup: bool,
+    task_cpu: usize,
+) -> Result<Task, FieldError> {
+    let default = pb::Task::default();
+    let t = t.unwrap_or(&default);
+    let prev_cpu = if wakeup {
+        let p = t
+            .prev_cpu
+            .ok_or_else(|| err("task.prev_cpu", "is required for a wakeup"))?;
+        cpu_in(topo, p, "task.prev_cpu")?
+    } else {
+        task_cpu
+    };
+    let mut task = Task::new(topo.nr_cpus, prev_cpu);
+    task.policy = policy(t.policy, "task.policy")?;
+    if let Some(m) = cpulist(&t.cpus_allowed, topo, "task.cpus_allowed")? {
+        task.cpus_allowed = m;
+    }
+    task.recent_used_cpu = if t.no_recent_used_cpu {
+        None
+    } else {
+        match t.recent_used_cpu {
+            Some(r) => Some(cpu_in(topo, r, "task.recent_used_cpu")?),
+            None => Some(prev_cpu),
+        }
+    };
+    task.util_avg = t.util_avg;
+    task.util_est = t.util_est;
+    task.runnable_avg = t.runnable_avg;
+    task.load_avg = t.load_avg;
+    task.wakee_flips = t.wakee_flips;
+    task.uclamp_min = t.uclamp_min;
+    task.uclamp_max = t.uclamp_max.unwrap_or(1024);
+    task.migration_disabled = t.migration_disabled;
+    task.core_cookie = t.core_cookie;
+    task.numa_preferred_nid = t.numa_preferred_nid.unwrap_or(-1);
+    task.per_cpu_kthread = t.per_cpu_kthread;
+    task.running = t.running;
+    task.sched_delayed = t.sched_delayed;
+    task.eligible = t.eligible.unwrap_or(true);
+    task.next_buddy = t.next_buddy;
+    task.blocked = t.blocked;
+    task.exec_start = t.exec_start;
+    task.hot = t.hot;
+    task.check()
+        .map_err(|(f, msg)| err(format!("task.{f}"), msg))?;
+    Ok(task)
+}
+
+/// A PickCpu request against a snapshot.
+pub fn pick_request(
+    r: &pb::PickCpuRequest,
+    snap: &Snapshot,
+) -> Result<(Task, PlaceRequest), FieldError> {
+    let topo = &snap.topo;
+    let kind = match pb::RequestKind::try_from(r.kind) {
+        Ok(pb::RequestKind::Wakeup) => Kind::Wakeup,
+        Ok(pb::RequestKind::Fork) => Kind::Fork,
+        Ok(pb::RequestKind::Exec) => Kind::Exec,
+        Err(_) => return Err(err("kind", format!("{} is not a request kind", r.kind))),
+    };
+    let this_cpu = cpu_in(topo, r.this_cpu, "this_cpu")?;
+    if !topo.online.test(this_cpu) {
+        return Err(err("this_cpu", format!("CPU {this_cpu} is offline")));
+    }
+    let rq = &snap.state.cpus[this_cpu];
+    if kind == Kind::Exec && (rq.nr_running < 1 || rq.curr_is_idle) {
+        return Err(err(
+            "this_cpu",
+            format!("CPU {this_cpu} runs no task in the reported state, so no task can exec there"),
+        ));
+    }
+    let mut req = PlaceRequest::new(kind, this_cpu);
+    let w = r.waker.unwrap_or_default();
+    req.sync = r.sync;
+    req.wf_current_cpu = r.current_cpu;
+    req.in_task = r.in_task.unwrap_or(true);
+    req.waker_exiting = w.exiting;
+    req.waker_wakee_flips = signal(w.wakee_flips, "waker.wakee_flips")?;
+    req.waker_last_wakee_is_task = w.last_wakee_is_task.unwrap_or(true);
+    req.waker_flip_decay_expired = w.flip_decay_expired;
+    req.waker_load = signal(w.load, "waker.load")?;
+    req.waker_is_per_cpu_kthread = w
+        .is_per_cpu_kthread
+        .unwrap_or(snap.state.cpus[this_cpu].curr_is_per_cpu_kthread);
+    let task = task(r.task.as_ref(), topo, kind == Kind::Wakeup, this_cpu)?;
+    Ok((task, req))
+}
+
+pub fn pick_response(p: &Placement, snap: &Snapshot, age_seconds: f64) -> pb::PickCpuResponse {
+    pb::PickCpuResponse {
+        cpu: p.cpu as u32,
+        path: p.path.as_str().to_string(),
+        scanned: p.scanned,
+        state_version: snap.version,
+        state_age_seconds: age_seconds,
+        affine: p
+            .detail
+            .affine
+            .map(|a| a.as_str().to_string())
+            .unwrap_or_default(),
+        nr_idle_scan: p.detail.nr_idle_scan,
+        node_id: String::new(),
+        cluster_level: String::new(),
+        groups_compared: 0,
+    }
+}
+
+pub fn migrate_request(
+    r: &pb::CanMigrateRequest,
+    snap: &Snapshot,
+) -> Result<(Task, MigrateEnv), FieldError> {
+    let topo = &snap.topo;
+    let src = cpu_in(topo, r.src_cpu, "src_cpu")?;
+    let dst = cpu_in(topo, r.dst_cpu, "dst_cpu")?;
+    for (f, c) in [("src_cpu", src), ("dst_cpu", dst)] {
+        if !topo.online.test(c) {
+            return Err(err(f, format!("CPU {c} is offline")));
+        }
+    }
+    if src == dst {
+        return Err(err("dst_cpu", "must differ from src_cpu"));
+    }
+    let chain = topo.domains(dst);
+    let sd = if r.sd_level.is_empty() {
+        chain
+            .iter()
+            .position(|d| topo.span(d.span).test(src))
+            .ok_or_else(|| {
+                err(
+                    "src_cpu",
+                    format!("no domain of CPU {dst} contains CPU {src}"),
+                )
+            })?
+    } else {
+        topo.domain_by_name(dst, &r.sd_level).ok_or_else(|| {
+            let names: Vec<String> = chain.iter().map(|d| d.level.to_string()).collect();
+            err(
+                "sd_level",
+                format!(
+                    "{} is not a domain of CPU {dst} (it has {})",
+                    quote(&r.sd_level),
+                    names.join(", ")
+                ),
+            )
+        })?
+    };
+    let dom = &chain[sd];
+    let flags = if r.flags.is_empty() && !r.flags_given {
+        lbf::ALL_PINNED
+    } else {
+        let mut f = 0;
+        for (i, name) in r.flags.iter().enumerate() {
+            f |= lbf::NAMES
+                .iter()
+                .find(|(_, n)| n == name)
+                .map(|(b, _)| *b)
+                .ok_or_else(|| {
+                    err(
+                        format!("flags[{i}]"),
+                        format!("{} is not a balance flag", quote(name)),
+                    )
+                })?;
+        }
+        f
+    };
+    let env = MigrateEnv {
+        src_cpu: src,
+        dst_cpu: dst,
+        sd_cpu: dst,
+        sd,
+        dst_group: cpulist(&r.dst_group, topo, "dst_group")?.unwrap_or(*topo.span(dom.groups[0])),
+        env_cpus: cpulist(&r.env_cpus, topo, "env_cpus")?.unwrap_or(*topo.span(dom.span)),
+        idle: match pb::IdleType::try_from(r.idle) {
+            Ok(pb::IdleType::Idle) => IdleType::Idle,
+            Ok(pb::IdleType::NotIdle) => IdleType::NotIdle,
+            Ok(pb::IdleType::NewlyIdle) => IdleType::NewlyIdle,
+            Err(_) => return Err(err("idle", format!("{} is not an idle type", r.idle))),
+        },
+        migration_type: match pb::MigrationType::try_from(r.migration_type) {
+            Ok(pb::MigrationType::Load) => MigrationType::Load,
+            Ok(pb::MigrationType::Util) => MigrationType::Util,
+            Ok(pb::MigrationType::Task) => MigrationType::Task,
+            Ok(pb::MigrationType::Misfit) => MigrationType::Misfit,
+            Ok(pb::MigrationType::LlcTask) => MigrationType::LlcTask,
+            Err(_) => {
+                return Err(err(
+                    "migration_type",
+                    format!("{} is not a migration type", r.migration_type),
+                ));
+            }
+        },
+        flags,
+        nr_balance_failed: r.nr_balance_failed,
+        cache_nice_tries: r.cache_nice_tries,
+        throttled: r.throttled,
+        dst_cfs_nr_queued: match r.dst_cfs_nr_queued {
+            Some(q) if q as i64 > MAX_SIGNAL => {
+                return Err(err(
+                    "dst_cfs_nr_queued",
+                    format!("{q} is out of range 0..{MAX_SIGNAL}"),
+                ));
+            }
+            Some(q) => q,
+            None => snap.state.cpus[dst].cfs_h_nr_queued,
+        },
+        now: if (0..=MAX_CLOCK).contains(&r.now) {
+            r.now
+        } else {
+            return Err(err("now", format!("{} is out of range 0..2^62", r.now)));
+        },
+    };
+    let task = task(r.task.as_ref(), topo, false, src)?;
+    Ok((task, env))
+}
+
+pub fn migrate_response(m: &MigrateDecision, snap: &Snapshot) -> pb::CanMigrateResponse {
+    pb::CanMigrateResponse {
+        allowed: m.allowed,
+        new_dst_cpu: m.new_dst_cpu.map(|c| c as u32),
+        flags: lbf::NAMES
+            .iter()
+            .filter(|(f, _)| m.flags & f != 0)
+            .map(|(_, n)| n.to_string())
+            .collect(),
+        reason: m.reason.as_str().to_string(),
+        task_hot: m.task_hot,
+        state_version: snap.version,
+    }
+}
