@@ -128,6 +128,41 @@ impl Store {
             })
             .sum()
     }
+
+    /// Claims one task on each CPU listed (repeats count), publishing once.
+    pub fn claim_cpus(&self, node: &Node, cpus: &[usize], now: Instant) -> u32 {
+        if cpus.is_empty() {
+            return 0;
+        }
+        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let cur = node.snapshot();
+        let mut n = 0;
+        for &cpu in cpus {
+            if cpu >= cur.state.cpus.len() || !cur.topo.online.test(cpu) {
+                continue;
+            }
+            let base = w
+                .claims
+                .get(&(cpu as u32))
+                .map_or(cur.state.cpus[cpu], |s| s.base);
+            w.claims
+                .entry(cpu as u32)
+                .or_insert_with(|| super::ClaimSlot {
+                    base,
+                    expires: Vec::new(),
+                })
+                .expires
+                .push(now + self.config.claim_ttl);
+            n += 1;
+        }
+        if n == 0 {
+            return 0;
+        }
+        let cpus = super::claims::base_cpus(&cur, &w);
+        let topo = std::sync::Arc::clone(&cur.topo);
+        self.publish(node, &mut w, cpus, topo, cur.features, None, &cur);
+        n
+    }
 }
 
 /// The agent's state of every CPU: the snapshot's, with claimed CPUs taken

@@ -12,8 +12,8 @@
 //! This file holds the types and publication; each kind of mutation has its
 //! own file: `ingest` (registration and agent updates), `claims`,
 //! `lifecycle` (freshness, forgetting nodes), `features`, `tasks` (task lists
-//! and runtime reports), `balance` (the node balancer's and the cache-aware
-//! accounting's kept state around an engine pass), `cluster_pick` and
+//! and runtime reports), `balance` (the node balancer's kept state around
+//! an engine pass), `cache` (the cache-aware accounting), `cluster_pick` and
 //! `cluster_pass` (the cluster hierarchy's placement and balance passes).
 
 use std::collections::HashMap;
@@ -25,6 +25,7 @@ use arc_swap::ArcSwap;
 use dashmap::DashMap;
 
 mod balance;
+mod cache;
 mod claims;
 mod cluster_pass;
 mod cluster_pick;
@@ -33,7 +34,8 @@ mod ingest;
 mod lifecycle;
 mod tasks;
 
-pub use balance::{BalanceOutcome, BalanceRequest, CacheSummary, ProcSummary};
+pub use balance::{BalanceOutcome, BalanceRequest};
+pub use cache::{CacheSummary, ProcSummary};
 pub use cluster_pass::ClusterBalanceRequest;
 pub use tasks::{CpuTaskList, RuntimeEntry};
 /// The limits of one update, for agents to cut their reports to.

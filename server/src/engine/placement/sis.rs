@@ -5,6 +5,8 @@
 //! `scanned` counts the idle-state tests made inside the four scans only,
 //! exactly where the kernel would test one CPU's idleness in a loop.
 
+use std::ops::ControlFlow;
+
 use crate::engine::cpumask::{CpuMask, WrapWalk};
 use crate::engine::ctx::Ctx;
 use crate::engine::decision::{Path, PlaceRequest};
@@ -142,6 +144,35 @@ impl Ctx<'_> {
         None
     }
 
+    /// One CPU of `select_idle_cpu()`'s scans (the cluster's and the
+    /// LLC's run the same step): in idle-core mode the CPU's whole core, else
+    /// the CPU itself for one unit of the budget. `Break` ends the scan with
+    /// its answer (`None`: the budget ran out).
+    #[inline]
+    fn select_idle_step(
+        &mut self,
+        c: usize,
+        has_idle_core: bool,
+        nr: &mut i64,
+        cpus: &mut CpuMask,
+        idle_cpu: &mut Option<usize>,
+    ) -> ControlFlow<Option<(usize, Path)>> {
+        if has_idle_core {
+            if let Some(i) = self.select_idle_core(c, cpus, idle_cpu) {
+                return ControlFlow::Break(Some((i, Path::IdleCore)));
+            }
+        } else {
+            *nr -= 1;
+            if *nr <= 0 {
+                return ControlFlow::Break(None);
+            }
+            if let Some(i) = self.__select_idle_cpu(c) {
+                return ControlFlow::Break(Some((i, Path::IdleCpu)));
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
     /// `select_idle_cpu()`: the LLC scan, the target's cluster first. In
     /// idle-core mode whole cores are tested and the budget is not spent; in
     /// per-CPU mode each probe costs one unit of the SIS_UTIL budget.
@@ -173,18 +204,9 @@ impl Ctx<'_> {
                 if !cpus.test(c) {
                     continue;
                 }
-                if has_idle_core {
-                    if let Some(i) = self.select_idle_core(c, &mut cpus, &mut idle_cpu) {
-                        return Some((i, Path::IdleCore));
-                    }
-                } else {
-                    nr -= 1;
-                    if nr <= 0 {
-                        return None;
-                    }
-                    if let Some(i) = self.__select_idle_cpu(c) {
-                        return Some((i, Path::IdleCpu));
-                    }
+                let step = self.select_idle_step(c, has_idle_core, &mut nr, &mut cpus, &mut idle_cpu);
+                if let ControlFlow::Break(found) = step {
+                    return found;
                 }
             }
             cpus.andnot_assign(group);
@@ -192,18 +214,9 @@ impl Ctx<'_> {
 
         let mut walk = WrapWalk::new(target + 1, n);
         while let Some(c) = walk.next(&cpus) {
-            if has_idle_core {
-                if let Some(i) = self.select_idle_core(c, &mut cpus, &mut idle_cpu) {
-                    return Some((i, Path::IdleCore));
-                }
-            } else {
-                nr -= 1;
-                if nr <= 0 {
-                    return None;
-                }
-                if let Some(i) = self.__select_idle_cpu(c) {
-                    return Some((i, Path::IdleCpu));
-                }
+            let step = self.select_idle_step(c, has_idle_core, &mut nr, &mut cpus, &mut idle_cpu);
+            if let ControlFlow::Break(found) = step {
+                return found;
             }
         }
         let path = if has_idle_core {
