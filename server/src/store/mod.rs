@@ -19,10 +19,12 @@ use dashmap::DashMap;
 
 mod balance;
 mod cluster_balance;
+mod leases;
 mod tasks;
 
 pub use balance::{BalanceOutcome, BalanceRequest, CacheSummary, ProcSummary};
 pub use cluster_balance::{ClusterBalanceOutcome, ClusterBalanceRequest, ClusterProposal};
+pub use leases::{Ended, Lease, NewLease, Target};
 pub use tasks::{CpuTaskList, RuntimeEntry};
 /// The limits of one update, for agents to cut their reports to.
 pub use tasks::{
@@ -167,6 +169,8 @@ struct Writer {
     /// The node's id is in the store's `claimed` set (it may have claims
     /// to expire).
     listed: bool,
+    /// Leases on this node, counted in every snapshot.
+    leases: leases::NodeLeases,
 }
 
 /// A registered node.
@@ -319,6 +323,8 @@ pub struct Store {
     cluster_lb: Mutex<HashMap<(String, String), u32>>,
     /// One empty task table per CPU count, shared by every node without tasks.
     empty_tasks: Mutex<HashMap<usize, Arc<TaskTable>>>,
+    /// Lease id -> node id.
+    leases: leases::LeaseIndex,
 }
 
 impl Store {
@@ -337,6 +343,7 @@ impl Store {
             epoch: Instant::now(),
             cluster_lb: Mutex::new(HashMap::new()),
             empty_tasks: Mutex::new(HashMap::new()),
+            leases: leases::LeaseIndex::default(),
         }
     }
 
@@ -520,6 +527,8 @@ impl Store {
             // decision counts carry over.
             let mut w = old.writer.lock().unwrap_or_else(PoisonError::into_inner);
             self.recount(&old, &mut w, None);
+            // Its leases name CPUs of the old topology: they end.
+            self.drop_leases(&mut w);
             old.generation.store(generation, Ordering::SeqCst);
             overrides = std::mem::take(&mut w.overrides);
             decisions = old.decisions.each_ref().map(|d| d.load(Ordering::Relaxed));
@@ -559,6 +568,7 @@ impl Store {
                 overrides,
                 counted: None,
                 listed: false,
+                leases: Default::default(),
             }),
             generation: AtomicU64::new(generation),
             connected: AtomicBool::new(true),
@@ -731,6 +741,7 @@ impl Store {
         cur: &Snapshot,
         tasks: Arc<TaskTable>,
     ) -> u64 {
+        w.leases.count_in(&mut cpus);
         let mut claims: Vec<(u32, u32)> = Vec::with_capacity(w.claims.len());
         for (&cpu, slot) in &w.claims {
             let c = &mut cpus[cpu as usize];
@@ -775,7 +786,8 @@ impl Store {
 
     /// Counts one more task on `cpu` until its TTL, and publishes.
     fn add_claim(&self, node: &Node, w: &mut Writer, cur: &Snapshot, cpu: usize, now: Instant) {
-        let base = cur.state.cpus[cpu];
+        // A leased CPU's state without the lease (the lease stays counted).
+        let base = w.leases.base_of(cpu as u32).unwrap_or(cur.state.cpus[cpu]);
         w.claims
             .entry(cpu as u32)
             .or_insert_with(|| ClaimSlot {
@@ -931,6 +943,7 @@ impl Store {
     fn retire(&self, n: &Node) {
         let mut w = n.writer.lock().unwrap_or_else(PoisonError::into_inner);
         self.recount(n, &mut w, None);
+        self.drop_leases(&mut w);
         let g = self.next_generation.fetch_add(1, Ordering::Relaxed);
         n.generation.store(g, Ordering::SeqCst);
         n.connected.store(false, Ordering::SeqCst);
@@ -1043,6 +1056,7 @@ fn base_cpus(cur: &Snapshot, w: &Writer) -> Vec<CpuState> {
     for (&cpu, slot) in &w.claims {
         cpus[cpu as usize] = slot.base;
     }
+    w.leases.restore(&mut cpus);
     cpus
 }
 
