@@ -401,6 +401,8 @@ mod tests {
                 "fairplace_nodes{freshness=\"fresh\"} 0",
                 "fairplace_nodes{freshness=\"stale\"} 0",
                 "fairplace_claims_outstanding 0",
+                "fairplace_leases_outstanding 0",
+                "fairplace_cpus_leased 0",
             ]
         );
         let (a, g) = store
