@@ -135,6 +135,53 @@ enum Cmd {
     Cache { node: String },
     /// Decide a scenario file: with --server on the server (Decide RPC).
     Decide { file: String },
+    /// Run CMD on CPUs the server leases (AllocateCpus), renewing the lease
+    /// while it runs and releasing it after; exits with CMD's status.
+    Run {
+        /// The node; default: this machine's hostname (the agent's node id).
+        #[arg(long)]
+        node: Option<String>,
+        /// CPUs to lease.
+        #[arg(long)]
+        cpus: u32,
+        /// kernel, cores, llc, llc-exclusive or spread.
+        #[arg(long, default_value = "kernel")]
+        policy: String,
+        /// Run CMD inside this cgroup, its cpuset.cpus set to the lease.
+        #[arg(long)]
+        cgroup: Option<String>,
+        /// Lease lifetime (renewed every third of it); 0: the server's default.
+        #[arg(long, default_value_t = 0)]
+        ttl_ms: u32,
+        /// Wait this long for the server, then run on a local choice.
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        cmd: Vec<std::ffi::OsString>,
+    },
+    /// AllocateCpus: lease CPUs (optionally applied by the node's agent to a
+    /// process or a cgroup); prints the lease.
+    Allocate {
+        /// The node; empty: the cluster chooses.
+        #[arg(long, default_value = "")]
+        node: String,
+        #[arg(long)]
+        cpus: u32,
+        #[arg(long, default_value = "kernel")]
+        policy: String,
+        #[arg(long, default_value = "")]
+        holder: String,
+        #[arg(long, default_value_t = 0)]
+        ttl_ms: u32,
+        /// The agent applies the lease to this process's threads.
+        #[arg(long, conflicts_with = "cgroup")]
+        pid: Option<u32>,
+        /// The agent applies the lease to this cgroup's cpuset.cpus.
+        #[arg(long)]
+        cgroup: Option<String>,
+    },
+    /// ReleaseCpus: end a lease.
+    Release { lease_id: u64 },
     /// Start a server and an agent for this machine, make a few real
     /// decisions against the live state, and keep serving for a while.
     Demo {
@@ -180,6 +227,39 @@ fn task(t: &TaskArgs, prev: Option<u32>) -> Result<pb::Task, String> {
     })
 }
 
+/// A node's leases as JSON.
+fn lease_json(leases: &[pb::Lease]) -> serde_json::Value {
+    leases
+        .iter()
+        .map(|l| {
+            json!({"lease_id": l.lease_id, "cpus": l.cpus, "policy": l.policy, "holder": l.holder,
+            "expires_in_ms": l.expires_in_ms, "applied": l.applied})
+        })
+        .collect()
+}
+
+/// A node's leases as a table (nothing without leases).
+fn lease_table(leases: &[pb::Lease]) -> String {
+    if leases.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = leases
+        .iter()
+        .map(|l| {
+            vec![
+                l.lease_id.to_string(),
+                l.cpus.clone(),
+                l.policy.clone(),
+                l.holder.clone(),
+                l.expires_in_ms.to_string(),
+                l.applied.to_string(),
+            ]
+        })
+        .collect();
+    let head = ["lease", "cpus", "policy", "holder", "expires_ms", "applied"];
+    format!("leases:\n{}", render(&head, &rows))
+}
+
 fn kind(s: &str) -> Result<pb::RequestKind, String> {
     Ok(match s {
         "wakeup" => pb::RequestKind::Wakeup,
@@ -219,6 +299,81 @@ async fn run(cli: Cli) -> Result<(), String> {
             metrics_port,
             linger_s,
         } => demo(*grpc_port, *metrics_port, *linger_s).await,
+        Cmd::Run {
+            node,
+            cpus,
+            policy,
+            cgroup,
+            ttl_ms,
+            timeout_ms,
+            cmd,
+        } => {
+            let o = fairplace_client::run::RunOptions {
+                node: node.clone(),
+                count: *cpus,
+                policy: policy.clone(),
+                cgroup: cgroup.clone(),
+                holder: format!("fairplace run (pid {})", std::process::id()),
+                ttl_ms: *ttl_ms,
+                timeout: Duration::from_millis(*timeout_ms),
+                cmd: cmd.clone(),
+            };
+            let client = tokio::time::timeout(o.timeout, connect(&cli))
+                .await
+                .ok()
+                .and_then(Result::ok);
+            let code = fairplace_client::run::run(client.as_ref(), &o).await?;
+            std::process::exit(code);
+        }
+        Cmd::Allocate {
+            node,
+            cpus,
+            policy,
+            holder,
+            ttl_ms,
+            pid,
+            cgroup,
+        } => {
+            let c = connect(&cli).await?;
+            let target = match (pid, cgroup) {
+                (Some(p), _) => Some(pb::apply_target::Target::Pid(*p)),
+                (_, Some(g)) => Some(pb::apply_target::Target::Cgroup(g.clone())),
+                _ => None,
+            };
+            let r = c
+                .allocate_cpus(pb::AllocateCpusRequest {
+                    node_id: node.clone(),
+                    count: *cpus,
+                    policy: policy.clone(),
+                    holder: holder.clone(),
+                    ttl_ms: *ttl_ms,
+                    apply: target.map(|t| pb::ApplyTarget { target: Some(t) }),
+                    ..Default::default()
+                })
+                .await
+                .map_err(status)?;
+            let paths: Vec<_> = r
+                .per_cpu
+                .iter()
+                .map(|c| json!({"cpu": c.cpu, "path": c.path}))
+                .collect();
+            println!(
+                "{}",
+                json!({"lease_id": r.lease_id, "node_id": r.node_id, "cpus": r.cpus,
+                "policy": r.policy, "ttl_ms": r.ttl_ms, "applied": r.applied,
+                "per_cpu": paths, "scanned": r.scanned, "explanation": r.explanation})
+            );
+            Ok(())
+        }
+        Cmd::Release { lease_id } => {
+            let c = connect(&cli).await?;
+            let r = c.release_cpus(*lease_id).await.map_err(status)?;
+            println!(
+                "released lease {lease_id}: node {} CPUs {}",
+                r.node_id, r.cpus
+            );
+            Ok(())
+        }
         Cmd::Pick {
             node,
             kind: k,
@@ -563,7 +718,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 println!(
                     "{}",
                     json!({"id": id, "last_seq": n.last_seq, "agent_version": n.agent_version,
-                    "claims": n.claims, "cpus": cpus})
+                    "claims": n.claims, "cpus": cpus, "leases": lease_json(&n.leases)})
                 );
             } else {
                 let rows: Vec<Vec<String>> = n
@@ -602,6 +757,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                         &rows
                     )
                 );
+                print!("{}", lease_table(&n.leases));
             }
             Ok(())
         }
