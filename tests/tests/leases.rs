@@ -189,6 +189,7 @@ async fn a_restarted_agent_applies_the_live_leases_again() {
     if !widened.is_ok_and(|s| s.success()) || all == "0-0" {
         eprintln!("SKIPPED: taskset is missing or this machine has one CPU");
         let _ = p.kill();
+        let _ = p.wait();
         return;
     }
     assert_eq!(cpus_allowed(pid), all);
