@@ -269,7 +269,7 @@ pub const ALL: [(&str, &str, &str); 45] = [
     (
         LEASE_REFUSALS,
         "counter",
-        "AllocateCpus requests refused, by policy and reason (invalid, no room, agent outcome).",
+        "AllocateCpus requests refused, by policy and reason (invalid, node, leased, cores, llc, apply, busy).",
     ),
     (
         LEASES_ENDED,

@@ -437,7 +437,7 @@ async fn allocate_inner(
         applied = true;
     }
     metrics::counter!(m::LEASE_GRANTS, "policy" => c.policy.as_str()).increment(1);
-    tracing::info!(node = %node.id, lease = lease.id, cpus = %lease.cpus, policy = c.policy.as_str(), holder = %c.holder, "lease granted");
+    tracing::debug!(node = %node.id, lease = lease.id, cpus = %lease.cpus, policy = c.policy.as_str(), holder = %c.holder, "lease granted");
     Ok(pb::AllocateCpusResponse {
         lease_id: lease.id,
         cpus: lease.cpus.to_string(),
