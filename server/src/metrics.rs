@@ -274,7 +274,7 @@ pub const ALL: [(&str, &str, &str); 45] = [
     (
         LEASES_ENDED,
         "counter",
-        "Leases ended, by how: released, expired, target_gone, apply_failed.",
+        "Leases ended, by how: released, expired, target_gone, apply_failed, forgotten (with their node).",
     ),
 ];
 

@@ -275,6 +275,10 @@ impl Store {
             index.remove(id);
         }
         w.leases = NodeLeases::default();
+        if !ids.is_empty() {
+            metrics::counter!(crate::metrics::LEASES_ENDED, "how" => "forgotten")
+                .increment(ids.len() as u64);
+        }
         ids.len()
     }
 
