@@ -3,6 +3,7 @@
 //! retries while the server is UNAVAILABLE.
 
 pub mod agent;
+pub mod run;
 pub mod table;
 
 use std::path::PathBuf;

@@ -201,9 +201,11 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
 
 /// The metrics rendered here rather than by the recorder (the recorder
 /// never holds them, so each family appears once).
-pub const STORE_RENDERED: [&str; 11] = [
+pub const STORE_RENDERED: [&str; 13] = [
     m::NODES,
     m::CLAIMS_OUTSTANDING,
+    m::LEASES_OUTSTANDING,
+    m::CPUS_LEASED,
     m::NODE_IDLE_CPUS,
     m::NODE_NR_RUNNING,
     m::NODE_SCHED_IDLE_CPUS,
@@ -245,20 +247,20 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
             e.0 += c.util_avg;
             e.1 += 1;
         }
-        let _ = writeln!(fam[2], "{}{{node=\"{node}\"}} {idle}", m::NODE_IDLE_CPUS);
+        let _ = writeln!(fam[4], "{}{{node=\"{node}\"}} {idle}", m::NODE_IDLE_CPUS);
         let _ = writeln!(
-            fam[3],
+            fam[5],
             "{}{{node=\"{node}\"}} {running}",
             m::NODE_NR_RUNNING
         );
         let _ = writeln!(
-            fam[4],
+            fam[6],
             "{}{{node=\"{node}\"}} {sched_idle}",
             m::NODE_SCHED_IDLE_CPUS
         );
         for (l, (sum, k)) in llc {
             let _ = writeln!(
-                fam[5],
+                fam[7],
                 "{}{{node=\"{node}\",llc=\"{l}\"}} {}",
                 m::NODE_LLC_UTIL,
                 sum / k.max(1)
@@ -266,7 +268,7 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
         }
         if let Some(age) = snap.age(now) {
             let _ = writeln!(
-                fam[6],
+                fam[8],
                 "{}{{node=\"{node}\"}} {}",
                 m::NODE_STATE_AGE,
                 age.as_secs_f64()
@@ -275,7 +277,7 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
         for (kind, count) in n.decisions() {
             if count > 0 {
                 let _ = writeln!(
-                    fam[7],
+                    fam[9],
                     "{}{{node=\"{node}\",kind=\"{}\"}} {count}",
                     m::NODE_DECISIONS,
                     kind.as_str()
@@ -285,17 +287,17 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
         // Only nodes that report runtime have cache-aware series.
         if let Some((procs, with, on)) = store.cache_gauges(n) {
             let _ = writeln!(
-                fam[8],
+                fam[10],
                 "{}{{node=\"{node}\"}} {procs}",
                 m::NODE_CACHE_PROCESSES
             );
             let _ = writeln!(
-                fam[9],
+                fam[11],
                 "{}{{node=\"{node}\"}} {with}",
                 m::NODE_CACHE_TASKS_PREF
             );
             let _ = writeln!(
-                fam[10],
+                fam[12],
                 "{}{{node=\"{node}\"}} {on}",
                 m::NODE_CACHE_TASKS_ON_PREF
             );
@@ -304,6 +306,9 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
     let _ = writeln!(fam[0], "{}{{freshness=\"fresh\"}} {fresh}", m::NODES);
     let _ = writeln!(fam[0], "{}{{freshness=\"stale\"}} {stale}", m::NODES);
     let _ = writeln!(fam[1], "{} {claims}", m::CLAIMS_OUTSTANDING);
+    let (leases, leased) = store.map_or((0, 0), Store::leases_outstanding);
+    let _ = writeln!(fam[2], "{} {leases}", m::LEASES_OUTSTANDING);
+    let _ = writeln!(fam[3], "{} {leased}", m::CPUS_LEASED);
     for (name, samples) in STORE_RENDERED.iter().zip(&fam) {
         let (kind, help) = m::ALL
             .iter()
@@ -396,6 +401,8 @@ mod tests {
                 "fairplace_nodes{freshness=\"fresh\"} 0",
                 "fairplace_nodes{freshness=\"stale\"} 0",
                 "fairplace_claims_outstanding 0",
+                "fairplace_leases_outstanding 0",
+                "fairplace_cpus_leased 0",
             ]
         );
         let (a, g) = store

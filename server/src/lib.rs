@@ -2,6 +2,7 @@
 //! algorithms, as a library (the decision engine and the scenario format)
 //! and, in the binary, as a server.
 
+pub mod alloc;
 pub mod cluster;
 pub mod decide;
 pub mod engine;

@@ -46,10 +46,15 @@ pub const CLAIMS_BY_CALLER: &str = "fairplace_claims_total";
 pub const TLS_HANDSHAKE_FAILURES: &str = "fairplace_tls_handshake_failures_total";
 pub const TLS_RELOADS: &str = "fairplace_tls_reloads_total";
 pub const TLS_RELOAD_ERRORS: &str = "fairplace_tls_reload_errors_total";
+pub const LEASES_OUTSTANDING: &str = "fairplace_leases_outstanding";
+pub const CPUS_LEASED: &str = "fairplace_cpus_leased";
+pub const LEASE_GRANTS: &str = "fairplace_lease_grants_total";
+pub const LEASE_REFUSALS: &str = "fairplace_lease_refusals_total";
+pub const LEASES_ENDED: &str = "fairplace_leases_ended_total";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 40] = [
+pub const ALL: [(&str, &str, &str); 45] = [
     (
         DECISIONS,
         "counter",
@@ -250,6 +255,27 @@ pub const ALL: [(&str, &str, &str); 40] = [
         "counter",
         "Changed TLS files that could not be used (the current ones were kept).",
     ),
+    (
+        LEASES_OUTSTANDING,
+        "gauge",
+        "CPU leases (AllocateCpus) outstanding across all nodes.",
+    ),
+    (
+        CPUS_LEASED,
+        "gauge",
+        "CPUs held by leases across all nodes.",
+    ),
+    (LEASE_GRANTS, "counter", "Leases granted, by policy."),
+    (
+        LEASE_REFUSALS,
+        "counter",
+        "AllocateCpus requests refused, by policy and reason (invalid, node, leased, cores, llc, apply, busy).",
+    ),
+    (
+        LEASES_ENDED,
+        "counter",
+        "Leases ended, by how: released, expired, target_gone, apply_failed, forgotten (with their node).",
+    ),
 ];
 
 /// Records one task_cache_work pass.
@@ -326,6 +352,11 @@ pub fn install(addr: SocketAddr) -> Result<SocketAddr, String> {
         metrics::counter!(name).absolute(0);
     }
     metrics::counter!(CLAIMS_BY_CALLER, "caller" => "anonymous").absolute(0);
+    for p in crate::alloc::Policy::ALL {
+        metrics::counter!(LEASE_GRANTS, "policy" => p.as_str()).absolute(0);
+    }
+    metrics::counter!(LEASE_REFUSALS, "policy" => "kernel", "reason" => "leased").absolute(0);
+    metrics::counter!(LEASES_ENDED, "how" => "released").absolute(0);
     Ok(bound)
 }
 

@@ -261,6 +261,10 @@ fn expected(role: &str, method: &str) -> bool {
                 | "/fairplace.v1.PlacementService/CanMigrate"
                 | "/fairplace.v1.PlacementService/Decide"
                 | "/fairplace.v1.PlacementService/Balance"
+                // Leases (issue 14): the orchestrator role, like PickCpu.
+                | "/fairplace.v1.PlacementService/AllocateCpus"
+                | "/fairplace.v1.PlacementService/ReleaseCpus"
+                | "/fairplace.v1.PlacementService/RenewLease"
                 | "/fairplace.v1.AdminService/ListNodes"
                 | "/fairplace.v1.AdminService/GetNode"
                 | "/fairplace.v1.AdminService/GetFeatures"
@@ -309,7 +313,7 @@ fn every_rpc_for_every_role() {
     let pki = TestPki::new();
     let server = mtls_server(&pki, &[]);
     let methods = all_methods();
-    assert_eq!(methods.len(), 15, "{methods:?}");
+    assert_eq!(methods.len(), 18, "{methods:?}");
     let mut table: BTreeMap<(String, &str), Code> = BTreeMap::new();
     rt().block_on(async {
         for role in ["node", "orchestrator", "admin"] {

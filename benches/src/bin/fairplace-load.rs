@@ -76,6 +76,22 @@ enum Cmd {
         #[arg(long, default_value = "plain", value_parser = ["plain", "mtls", "both"])]
         transport: String,
     },
+    /// AllocateCpus (with its ReleaseCpus) against PickCpu and the no-op
+    /// Ping, same server, same run.
+    Leases {
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// CPUs per lease.
+        #[arg(long, default_value_t = 4)]
+        count: u32,
+        /// The allocation policy.
+        #[arg(long, default_value = "kernel")]
+        policy: String,
+    },
     /// Agent ingest: nodes stream deltas of all their CPUs.
     Ingest {
         #[arg(long, default_value_t = 1000)]
@@ -544,6 +560,13 @@ async fn main() {
             window,
         } => ingest(&server, nodes, cpus, seconds, connections, window).await,
         Cmd::Cache { reports } => cache(&server, reports).await,
+        Cmd::Leases {
+            seconds,
+            connections,
+            concurrency,
+            count,
+            policy,
+        } => leases(&server, (seconds, connections, concurrency), count, policy).await,
         Cmd::Attack {
             seconds,
             deciders,
@@ -1237,5 +1260,94 @@ async fn cache(server: &Server, reports: u32) {
     println!(
         "process 7 prefers CPU {:?} (LLC {:?})",
         p.preferred_cpu, p.preferred_llc
+    );
+}
+
+/// Ping, PickCpu (a fork: the slow path, as AllocateCpus's placements) and
+/// AllocateCpus followed by its ReleaseCpus, on one 128-CPU node (half
+/// busy), same server, same run. The allocation phase records the
+/// AllocateCpus latency; each caller then releases its lease (outside the
+/// measured time) so the node never fills up.
+async fn leases(
+    server: &Server,
+    (seconds, connections, concurrency): (u64, usize, usize),
+    count: u32,
+    policy: String,
+) {
+    let mut reporter = register(server.node_channel().await, "load", 128).await;
+    reporter
+        .tx
+        .send(update(1, true, states(128, 7)))
+        .await
+        .unwrap();
+    reporter.acks.message().await.unwrap().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(Client::from_channel(server.channel().await));
+    }
+    println!(
+        "# fairplace-load leases: {connections} connections, {concurrency} callers, {seconds} s per phase, count {count}, policy {policy}"
+    );
+    let mut results = Vec::new();
+    for phase in ["ping", "pick_cpu", "allocate_cpus"] {
+        let policy = policy.clone();
+        let released = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let rel = Arc::clone(&released);
+        let (all, errors, secs) = run_phase(&clients, concurrency, seconds, move |c, i| {
+            let policy = policy.clone();
+            let rel = Arc::clone(&rel);
+            async move {
+                match phase {
+                    "ping" => c.ping().await.is_ok(),
+                    "pick_cpu" => c
+                        .pick_cpu(pb::PickCpuRequest {
+                            node_id: "load".into(),
+                            kind: pb::RequestKind::Fork as i32,
+                            this_cpu: (i % 128) as u32,
+                            ..Default::default()
+                        })
+                        .await
+                        .is_ok(),
+                    _ => {
+                        let r = c
+                            .allocate_cpus(pb::AllocateCpusRequest {
+                                node_id: "load".into(),
+                                count,
+                                policy,
+                                holder: "fairplace-load".into(),
+                                ..Default::default()
+                            })
+                            .await;
+                        let Ok(r) = r else { return false };
+                        // Released in the background: not in the latency.
+                        tokio::spawn(async move {
+                            if c.release_cpus(r.lease_id).await.is_ok() {
+                                rel.fetch_add(1, Ordering::Relaxed);
+                            }
+                        });
+                        true
+                    }
+                }
+            }
+        })
+        .await;
+        let rps = all.len() as f64 / secs;
+        println!(
+            "{phase}: {:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, errors {errors}",
+            rps,
+            pct(&all, 0.5),
+            pct(&all, 0.99),
+            pct(&all, 0.999)
+        );
+        if phase == "allocate_cpus" {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            println!("  released {} leases", released.load(Ordering::Relaxed));
+        }
+        results.push(rps);
+    }
+    println!(
+        "allocate_cpus / ping throughput: {:.2}; allocate_cpus / pick_cpu: {:.2}",
+        results[2] / results[0],
+        results[2] / results[1]
     );
 }

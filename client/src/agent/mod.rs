@@ -10,6 +10,7 @@
 //! server refuses anyway is left out of the next update and cut further
 //! after that ([`limits`]), so a refusal never stops the reports.
 
+pub mod apply;
 pub mod limits;
 pub mod pelt;
 pub mod procfs;
@@ -628,6 +629,8 @@ async fn run_once<S: Source>(
         Err(s) => return Err(format!("registration refused: {}", s.message())),
     }
     stats.send_modify(|s| s.connects += 1);
+    // Leases the server sends to apply here (it re-sends the live ones now).
+    let mut applier = apply::Applier::default();
     let mut last: Option<Vec<pb::CpuState>> = None;
     let mut last_tasks: Option<Vec<pb::CpuTasks>> = None;
     let mut need_full = true;
@@ -640,6 +643,11 @@ async fn run_once<S: Source>(
                 if changed.is_err() || *stop.borrow() { return Ok(()); }
             }
             ack = acks.message() => match ack {
+                Ok(Some(a)) if apply::is_push(&a) => {
+                    for m in applier.on_push(&a) {
+                        tx.send(m).await.map_err(|_| "the stream closed".to_string())?;
+                    }
+                }
                 Ok(Some(a)) => {
                     if let Some(r) = &a.rejection {
                         metrics::counter!("fairplace_agent_rejections_total", "reason" => r.reason.clone()).increment(1);
@@ -669,6 +677,9 @@ async fn run_once<S: Source>(
                 Err(s) => return Err(format!("stream: {}", s.message())),
             },
             _ = tick.tick() => {
+                for m in applier.check_targets() {
+                    tx.send(m).await.map_err(|_| "the stream closed".to_string())?;
+                }
                 let t0 = Instant::now();
                 let now = source.sample();
                 metrics::histogram!("fairplace_agent_read_duration_seconds").record(t0.elapsed().as_secs_f64());

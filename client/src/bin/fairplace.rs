@@ -76,6 +76,14 @@ enum Cmd {
     Cache(CacheArgs),
     /// Decide a scenario file: with --server on the server (Decide RPC).
     Decide(DecideArgs),
+    /// Run CMD on CPUs the server leases (AllocateCpus), renewing the lease
+    /// while it runs and releasing it after; exits with CMD's status.
+    Run(RunArgs),
+    /// AllocateCpus: lease CPUs (optionally applied by the node's agent to a
+    /// process or a cgroup); prints the lease.
+    Allocate(AllocateArgs),
+    /// ReleaseCpus: end a lease.
+    Release(ReleaseArgs),
 }
 
 #[derive(clap::Args)]
@@ -163,6 +171,60 @@ struct DecideArgs {
     file: String,
 }
 
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The node; default: this machine's hostname (the agent's node id).
+    #[arg(long)]
+    node: Option<String>,
+    /// CPUs to lease.
+    #[arg(long)]
+    cpus: u32,
+    /// kernel, cores, llc, llc-exclusive or spread.
+    #[arg(long, default_value = "kernel")]
+    policy: String,
+    /// Run CMD inside this cgroup, its cpuset.cpus set to the lease.
+    #[arg(long)]
+    cgroup: Option<String>,
+    /// Lease lifetime (renewed every third of it); 0: the server's default.
+    #[arg(long, default_value_t = 0)]
+    ttl_ms: u32,
+    /// Wait this long for the server, then run on a local choice.
+    #[arg(long, default_value_t = 2000)]
+    timeout_ms: u64,
+    /// Count a local fallback in DIR/fairplace_run.prom for node_exporter's
+    /// textfile collector (default: its usual directory, if it exists).
+    #[arg(long, env = "FAIRPLACE_TEXTFILE_DIR")]
+    textfile_dir: Option<std::path::PathBuf>,
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    cmd: Vec<std::ffi::OsString>,
+}
+
+#[derive(clap::Args)]
+struct AllocateArgs {
+    /// The node; empty: the cluster chooses.
+    #[arg(long, default_value = "")]
+    node: String,
+    #[arg(long)]
+    cpus: u32,
+    #[arg(long, default_value = "kernel")]
+    policy: String,
+    #[arg(long, default_value = "")]
+    holder: String,
+    #[arg(long, default_value_t = 0)]
+    ttl_ms: u32,
+    /// The agent applies the lease to this process's threads.
+    #[arg(long, conflicts_with = "cgroup")]
+    pid: Option<u32>,
+    /// The agent applies the lease to this cgroup's cpuset.cpus.
+    #[arg(long)]
+    cgroup: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct ReleaseArgs {
+    lease_id: u64,
+}
+
 fn task(t: &TaskArgs, prev: Option<u32>) -> Result<pb::Task, String> {
     let policy = match t.policy.as_str() {
         "normal" => pb::Policy::Normal,
@@ -225,7 +287,110 @@ async fn run(cli: Cli) -> Result<(), String> {
         Cmd::Node(args) => node_cmd(&cli, args).await,
         Cmd::Features(args) => features_cmd(&cli, args).await,
         Cmd::Decide(args) => decide_cmd(&cli, args).await,
+        Cmd::Run(args) => run_cmd(&cli, args).await,
+        Cmd::Allocate(args) => allocate_cmd(&cli, args).await,
+        Cmd::Release(args) => release_cmd(&cli, args).await,
     }
+}
+
+/// `fairplace run`: lease, run CMD on the lease, exit with its status.
+async fn run_cmd(cli: &Cli, args: &RunArgs) -> Result<(), String> {
+    let o = fairplace_client::run::RunOptions {
+        node: args.node.clone(),
+        count: args.cpus,
+        policy: args.policy.clone(),
+        cgroup: args.cgroup.clone(),
+        holder: format!("fairplace run (pid {})", std::process::id()),
+        ttl_ms: args.ttl_ms,
+        timeout: Duration::from_millis(args.timeout_ms),
+        cmd: args.cmd.clone(),
+        textfile_dir: args.textfile_dir.clone().or_else(|| {
+            let usual = std::path::PathBuf::from("/var/lib/node_exporter/textfile_collector");
+            usual.is_dir().then_some(usual)
+        }),
+    };
+    let client = tokio::time::timeout(o.timeout, connect(cli))
+        .await
+        .ok()
+        .and_then(Result::ok);
+    let code = fairplace_client::run::run(client.as_ref(), &o).await?;
+    std::process::exit(code);
+}
+
+async fn allocate_cmd(cli: &Cli, args: &AllocateArgs) -> Result<(), String> {
+    let c = connect(cli).await?;
+    let target = match (args.pid, &args.cgroup) {
+        (Some(p), _) => Some(pb::apply_target::Target::Pid(p)),
+        (_, Some(g)) => Some(pb::apply_target::Target::Cgroup(g.clone())),
+        _ => None,
+    };
+    let r = c
+        .allocate_cpus(pb::AllocateCpusRequest {
+            node_id: args.node.clone(),
+            count: args.cpus,
+            policy: args.policy.clone(),
+            holder: args.holder.clone(),
+            ttl_ms: args.ttl_ms,
+            apply: target.map(|t| pb::ApplyTarget { target: Some(t) }),
+            ..Default::default()
+        })
+        .await
+        .map_err(status)?;
+    let paths: Vec<_> = r
+        .per_cpu
+        .iter()
+        .map(|c| json!({"cpu": c.cpu, "path": c.path}))
+        .collect();
+    println!(
+        "{}",
+        json!({"lease_id": r.lease_id, "node_id": r.node_id, "cpus": r.cpus,
+        "policy": r.policy, "ttl_ms": r.ttl_ms, "applied": r.applied,
+        "per_cpu": paths, "scanned": r.scanned, "explanation": r.explanation})
+    );
+    Ok(())
+}
+
+async fn release_cmd(cli: &Cli, args: &ReleaseArgs) -> Result<(), String> {
+    let c = connect(cli).await?;
+    let r = c.release_cpus(args.lease_id).await.map_err(status)?;
+    println!(
+        "released lease {}: node {} CPUs {}",
+        args.lease_id, r.node_id, r.cpus
+    );
+    Ok(())
+}
+
+/// A node's leases as JSON.
+fn lease_json(leases: &[pb::Lease]) -> serde_json::Value {
+    leases
+        .iter()
+        .map(|l| {
+            json!({"lease_id": l.lease_id, "cpus": l.cpus, "policy": l.policy, "holder": l.holder,
+            "expires_in_ms": l.expires_in_ms, "applied": l.applied})
+        })
+        .collect()
+}
+
+/// A node's leases as a table (nothing without leases).
+fn lease_table(leases: &[pb::Lease]) -> String {
+    if leases.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = leases
+        .iter()
+        .map(|l| {
+            vec![
+                l.lease_id.to_string(),
+                l.cpus.clone(),
+                l.policy.clone(),
+                l.holder.clone(),
+                l.expires_in_ms.to_string(),
+                l.applied.to_string(),
+            ]
+        })
+        .collect();
+    let head = ["lease", "cpus", "policy", "holder", "expires_ms", "applied"];
+    format!("leases:\n{}", render(&head, &rows))
 }
 
 async fn pick_cmd(cli: &Cli, args: &PickArgs) -> Result<(), String> {
@@ -582,7 +747,7 @@ async fn node_cmd(cli: &Cli, args: &NodeArgs) -> Result<(), String> {
         println!(
             "{}",
             json!({"id": id, "last_seq": n.last_seq, "agent_version": n.agent_version,
-            "claims": n.claims, "cpus": cpus})
+            "claims": n.claims, "cpus": cpus, "leases": lease_json(&n.leases)})
         );
     } else {
         let rows: Vec<Vec<String>> = n
@@ -621,6 +786,7 @@ async fn node_cmd(cli: &Cli, args: &NodeArgs) -> Result<(), String> {
                 &rows
             )
         );
+        print!("{}", lease_table(&n.leases));
     }
     Ok(())
 }

@@ -86,6 +86,7 @@ pub fn summary(
         .iter()
         .filter(|c| c.online && c.available_idle())
         .count();
+    let leases = store.leases_of(n);
     pb::NodeSummary {
         id: n.id.clone(),
         labels: n.labels.iter().cloned().collect(),
@@ -96,6 +97,8 @@ pub fn summary(
         fresh: store.is_fresh(s, now),
         connected: n.connected.load(Ordering::SeqCst),
         state_version: s.version,
+        leases: leases.len() as u32,
+        leased_cpus: leases.iter().map(|l| l.cpus.weight() as u32).sum(),
     }
 }
 
@@ -159,6 +162,7 @@ impl AdminService for Admin {
             agent_version: n.agent_version.clone(),
             last_seq: n.last_seq(),
             tasks: convert::task_lists_to_pb(&s.tasks),
+            leases: super::allocate::leases_to_pb(&self.store.leases_of(&n), Instant::now()),
         }))
     }
 

@@ -33,10 +33,12 @@ pub struct Agent {
     pub register_timeout: Duration,
     /// True once the server shuts down: every stream ends with UNAVAILABLE.
     pub stopping: watch::Receiver<bool>,
+    /// Leases to apply go to the node's stream through here.
+    pub hub: Arc<super::allocate::LeaseHub>,
 }
 
 type AckStream = Pin<Box<dyn Stream<Item = Result<pb::Ack, Status>> + Send>>;
-type AckTx = mpsc::Sender<Result<pb::Ack, Box<Status>>>;
+pub(crate) type AckTx = mpsc::Sender<Result<pb::Ack, Box<Status>>>;
 
 fn rejected(reason: &'static str) {
     metrics::counter!(m::REPORTS_REJECTED, "reason" => reason).increment(1);
@@ -81,6 +83,8 @@ fn shutting_down() -> Status {
 enum Step {
     Ack(pb::Ack),
     End(Status),
+    /// Nothing to answer (an apply outcome).
+    Quiet,
 }
 
 /// One agent's stream, from its registration to its end.
@@ -91,6 +95,7 @@ struct ReportStream {
     tx: AckTx,
     /// Who opened the stream: a node certificate reports only its node.
     caller: Caller,
+    hub: Arc<super::allocate::LeaseHub>,
 }
 
 impl ReportStream {
@@ -108,9 +113,15 @@ impl ReportStream {
             applied_seq: 0,
             rejection: None,
             resync_required: true,
+            ..Default::default()
         };
         if self.tx.send(Ok(first)).await.is_ok() {
+            // Leases reach this node through this stream from now on, and
+            // its live ones are applied again.
+            self.hub.attach(&node.id, generation, self.tx.clone());
+            self.hub.resend(&self.store, &node, &self.tx).await;
             self.serve_updates(&mut inbound, &node, generation).await;
+            self.hub.detach(&node.id, generation);
         }
         self.store.disconnect(&node, generation);
         tracing::info!(node = %node.id, "agent stream ended");
@@ -229,6 +240,10 @@ impl ReportStream {
             };
             let step = match msg.body {
                 Some(Body::Update(u)) => self.on_update(node, generation, u).await,
+                Some(Body::Applied(o)) => {
+                    self.hub.outcome(&self.store, node, o);
+                    Step::Quiet
+                }
                 Some(Body::Register(_)) => {
                     rejected("invalid");
                     Step::End(Status::invalid_argument(
@@ -244,6 +259,7 @@ impl ReportStream {
                             reason: "invalid".into(),
                             message: "body: empty message".into(),
                         }),
+                        ..Default::default()
                     })
                 }
             };
@@ -257,6 +273,7 @@ impl ReportStream {
                     self.end(s).await;
                     return;
                 }
+                Step::Quiet => {}
             }
         }
     }
@@ -307,6 +324,7 @@ impl ReportStream {
                     applied_seq: u.seq,
                     rejection: None,
                     resync_required: false,
+                    ..Default::default()
                 })
             }
             Err(Reject::Superseded) => {
@@ -381,6 +399,7 @@ fn rejection_ack(
             reason: reason.into(),
             message,
         }),
+        ..Default::default()
     }
 }
 
@@ -403,6 +422,7 @@ impl AgentService for Agent {
             stopping: self.stopping.clone(),
             tx,
             caller,
+            hub: Arc::clone(&self.hub),
         };
         tokio::spawn(stream.run(inbound, self.register_timeout));
         Ok(Response::new(Box::pin(

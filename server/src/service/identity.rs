@@ -8,7 +8,7 @@
 //! | role | may call |
 //! |---|---|
 //! | `node/NAME` | AgentService/Report, for node NAME only |
-//! | `orchestrator/NAME` | PickCpu (claims counted for NAME), CanMigrate, Decide, Balance without apply, ListNodes, GetNode, GetFeatures, GetCache, Ping |
+//! | `orchestrator/NAME` | PickCpu (claims counted for NAME), AllocateCpus, ReleaseCpus, RenewLease, CanMigrate, Decide, Balance without apply, ListNodes, GetNode, GetFeatures, GetCache, Ping |
 //! | `admin/NAME` | everything, SetFeatures and Balance with apply included |
 //!
 //! Health and reflection are open to every identified caller. A certificate
@@ -208,6 +208,18 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         path: "/fairplace.v1.PlacementService/Balance",
+        roles: ORCH_ADMIN,
+    },
+    Rule {
+        path: "/fairplace.v1.PlacementService/AllocateCpus",
+        roles: ORCH_ADMIN,
+    },
+    Rule {
+        path: "/fairplace.v1.PlacementService/ReleaseCpus",
+        roles: ORCH_ADMIN,
+    },
+    Rule {
+        path: "/fairplace.v1.PlacementService/RenewLease",
         roles: ORCH_ADMIN,
     },
     Rule {

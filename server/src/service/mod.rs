@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod allocate;
 pub mod convert;
 pub mod heavy;
 pub mod identity;
@@ -122,9 +123,11 @@ pub async fn serve_store(
     let heavy = heavy::HeavyPool::new(cfg.heavy_workers, cfg.heavy_queue);
     // Flips to true when shutdown begins: Report streams end on it.
     let (stopping_tx, stopping) = watch::channel(false);
+    let hub = Arc::new(allocate::LeaseHub::default());
     let placement = PlacementServiceServer::new(placement::Placement {
         store: Arc::clone(&store),
         heavy: heavy.clone(),
+        hub: Arc::clone(&hub),
     })
     .max_decoding_message_size(max);
     let agent = AgentServiceServer::new(agent::Agent {
@@ -132,6 +135,7 @@ pub async fn serve_store(
         heavy: heavy.clone(),
         register_timeout: cfg.register_timeout,
         stopping: stopping.clone(),
+        hub: Arc::clone(&hub),
     })
     .max_decoding_message_size(max);
     let admin = AdminServiceServer::new(admin::Admin {
@@ -143,6 +147,7 @@ pub async fn serve_store(
     .max_decoding_message_size(max);
 
     let sweeper = tokio::spawn(housekeeping(Arc::clone(&store)));
+    let lease_expiry = allocate::spawn_expiry(Arc::clone(&store), hub);
 
     let layers = tower::ServiceBuilder::new()
         .layer(layers::MetricsLayer)
@@ -217,6 +222,7 @@ pub async fn serve_store(
         }
     };
     sweeper.abort();
+    lease_expiry.abort();
     if let Some(w) = tls_watch {
         w.abort();
     }

@@ -27,6 +27,8 @@ pub struct Placement {
     pub store: Arc<Store>,
     /// Decide and Balance run here, off the async workers.
     pub heavy: HeavyPool,
+    /// Carries leases to the agents that apply them.
+    pub hub: Arc<super::allocate::LeaseHub>,
 }
 
 impl Placement {
@@ -173,7 +175,7 @@ impl Placement {
         Ok(resp)
     }
 
-    fn node(&self, id: &str) -> Result<Arc<Node>, Status> {
+    pub(super) fn node(&self, id: &str) -> Result<Arc<Node>, Status> {
         if id.is_empty() {
             return Err(Status::invalid_argument("node_id: must not be empty"));
         }
@@ -186,7 +188,11 @@ impl Placement {
     }
 
     /// The node's current snapshot, refused when it is stale.
-    fn fresh_snapshot(&self, node: &Node, now: Instant) -> Result<(Arc<Snapshot>, f64), Status> {
+    pub(super) fn fresh_snapshot(
+        &self,
+        node: &Node,
+        now: Instant,
+    ) -> Result<(Arc<Snapshot>, f64), Status> {
         let snap = node.snapshot();
         match snap.age(now) {
             None => Err(Status::failed_precondition(format!(
@@ -353,6 +359,29 @@ impl PlacementService for Placement {
         Ok(Response::new(pb::DecideResponse {
             answer_json: answer.to_string(),
         }))
+    }
+
+    async fn allocate_cpus(
+        &self,
+        req: Request<pb::AllocateCpusRequest>,
+    ) -> Result<Response<pb::AllocateCpusResponse>, Status> {
+        super::allocate::allocate_cpus(self, req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn release_cpus(
+        &self,
+        req: Request<pb::ReleaseCpusRequest>,
+    ) -> Result<Response<pb::ReleaseCpusResponse>, Status> {
+        super::allocate::release_cpus(self, req.into_inner()).map(Response::new)
+    }
+
+    async fn renew_lease(
+        &self,
+        req: Request<pb::RenewLeaseRequest>,
+    ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
+        super::allocate::renew_lease(self, req.into_inner()).map(Response::new)
     }
 }
 

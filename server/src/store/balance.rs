@@ -135,7 +135,6 @@ impl Store {
             cache_aware,
         })
     }
-
 }
 
 /// One proposal per task: a task a pass moved twice goes from its first

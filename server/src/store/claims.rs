@@ -31,7 +31,8 @@ impl Store {
         cpu: usize,
         now: Instant,
     ) {
-        let base = cur.state.cpus[cpu];
+        // A leased CPU's state without the lease (the lease stays counted).
+        let base = w.leases.base_of(cpu as u32).unwrap_or(cur.state.cpus[cpu]);
         w.claims
             .entry(cpu as u32)
             .or_insert_with(|| ClaimSlot {
@@ -172,5 +173,6 @@ pub(super) fn base_cpus(cur: &Snapshot, w: &Writer) -> Vec<CpuState> {
     for (&cpu, slot) in &w.claims {
         cpus[cpu as usize] = slot.base;
     }
+    w.leases.restore(&mut cpus);
     cpus
 }

@@ -109,6 +109,8 @@ impl Store {
             // decision counts carry over.
             let mut w = old.writer.lock().unwrap_or_else(PoisonError::into_inner);
             self.recount(&old, &mut w, None);
+            // Its leases name CPUs of the old topology: they end.
+            self.drop_leases(&mut w);
             old.generation.store(generation, Ordering::SeqCst);
             overrides = std::mem::take(&mut w.overrides);
             decisions = old.decisions.each_ref().map(|d| d.load(Ordering::Relaxed));
@@ -148,6 +150,7 @@ impl Store {
                 overrides,
                 counted: None,
                 listed: false,
+                leases: Default::default(),
             }),
             generation: AtomicU64::new(generation),
             connected: AtomicBool::new(true),

@@ -31,12 +31,14 @@ mod cluster_pass;
 mod cluster_pick;
 mod features;
 mod ingest;
+mod leases;
 mod lifecycle;
 mod tasks;
 
 pub use balance::{BalanceOutcome, BalanceRequest};
 pub use cache::{CacheSummary, ProcSummary};
 pub use cluster_pass::ClusterBalanceRequest;
+pub use leases::{Ended, Lease, NewLease, Target};
 pub use tasks::{CpuTaskList, RuntimeEntry};
 /// The limits of one update, for agents to cut their reports to.
 pub use tasks::{
@@ -182,6 +184,8 @@ struct Writer {
     /// The node's id is in the store's `claimed` set (it may have claims
     /// to expire).
     listed: bool,
+    /// Leases on this node, counted in every snapshot.
+    leases: leases::NodeLeases,
 }
 
 /// A registered node.
@@ -334,6 +338,8 @@ pub struct Store {
     cluster_lb: Mutex<HashMap<(String, String), u32>>,
     /// One empty task table per CPU count, shared by every node without tasks.
     empty_tasks: Mutex<HashMap<usize, Arc<TaskTable>>>,
+    /// Lease id -> node id.
+    leases: leases::LeaseIndex,
 }
 
 impl Store {
@@ -352,6 +358,7 @@ impl Store {
             epoch: Instant::now(),
             cluster_lb: Mutex::new(HashMap::new()),
             empty_tasks: Mutex::new(HashMap::new()),
+            leases: leases::LeaseIndex::default(),
         }
     }
 
@@ -407,6 +414,7 @@ impl Store {
         cur: &Snapshot,
         tasks: Arc<TaskTable>,
     ) -> u64 {
+        w.leases.count_in(&mut cpus);
         let mut claims: Vec<(u32, u32)> = Vec::with_capacity(w.claims.len());
         for (&cpu, slot) in &w.claims {
             let c = &mut cpus[cpu as usize];

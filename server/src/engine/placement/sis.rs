@@ -204,7 +204,8 @@ impl Ctx<'_> {
                 if !cpus.test(c) {
                     continue;
                 }
-                let step = self.select_idle_step(c, has_idle_core, &mut nr, &mut cpus, &mut idle_cpu);
+                let step =
+                    self.select_idle_step(c, has_idle_core, &mut nr, &mut cpus, &mut idle_cpu);
                 if let ControlFlow::Break(found) = step {
                     return found;
                 }

@@ -1,0 +1,350 @@
+//! `fairplace run`: run a command on CPUs the server leased.
+//!
+//! The launcher a batch job, a benchmark or a service manager uses: it asks
+//! AllocateCpus for `count` CPUs of this node (the node id is the hostname,
+//! as the agent's default), starts the command with its affinity set to the
+//! leased CPUs before it executes (or inside a cgroup whose cpuset.cpus it
+//! set), renews the lease every third of its lifetime while the command
+//! runs, releases it when the command exits, and exits with the command's
+//! status (128 + N for a signal N, as shells report it).
+//!
+//! When the server does not answer within the timeout (or cannot be
+//! reached), the command still runs: on a local choice, the least busy
+//! CPUs of this machine by its runqueues right now, with a warning that no
+//! lease protects them (titus-isolate's local fallback, in spirit).
+
+use std::ffi::{CString, OsString};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+use crate::agent::apply;
+use crate::{Client, pb};
+
+/// What `fairplace run` was asked.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The node; `None`: this machine's hostname.
+    pub node: Option<String>,
+    pub count: u32,
+    pub policy: String,
+    /// Run inside this cgroup (its cpuset.cpus set to the lease) instead
+    /// of setting the affinity.
+    pub cgroup: Option<String>,
+    pub holder: String,
+    pub ttl_ms: u32,
+    /// How long to wait for the server before the local fallback.
+    pub timeout: Duration,
+    pub cmd: Vec<OsString>,
+    /// Where a fallback is counted for node_exporter's textfile collector
+    /// (`None`: only the warning).
+    pub textfile_dir: Option<PathBuf>,
+}
+
+/// Where the CPUs came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cpus {
+    Lease {
+        id: u64,
+        node: String,
+        cpus: String,
+        ttl_ms: u32,
+    },
+    /// The server did not answer: a local choice, and why.
+    Local { cpus: String, why: String },
+}
+
+impl Cpus {
+    pub fn list(&self) -> &str {
+        match self {
+            Cpus::Lease { cpus, .. } | Cpus::Local { cpus, .. } => cpus,
+        }
+    }
+}
+
+impl Client {
+    /// AllocateCpus. Not retried: a lease may have been granted before the
+    /// connection failed, and a retry would take a second one.
+    pub async fn allocate_cpus(
+        &self,
+        req: pb::AllocateCpusRequest,
+    ) -> Result<pb::AllocateCpusResponse, Status> {
+        let mut c = self.placement.clone();
+        match tokio::time::timeout(self.deadline, c.allocate_cpus(self.request(req))).await {
+            Ok(r) => r.map(|r| r.into_inner()),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "no answer within {:?}",
+                self.deadline
+            ))),
+        }
+    }
+
+    pub async fn release_cpus(&self, lease_id: u64) -> Result<pb::ReleaseCpusResponse, Status> {
+        self.retry(|| {
+            let mut c = self.placement.clone();
+            let r = self.request(pb::ReleaseCpusRequest { lease_id });
+            async move { c.release_cpus(r).await }
+        })
+        .await
+    }
+
+    pub async fn renew_lease(
+        &self,
+        lease_id: u64,
+        ttl_ms: u32,
+    ) -> Result<pb::RenewLeaseResponse, Status> {
+        self.retry(|| {
+            let mut c = self.placement.clone();
+            let r = self.request(pb::RenewLeaseRequest { lease_id, ttl_ms });
+            async move { c.renew_lease(r).await }
+        })
+        .await
+    }
+}
+
+/// This machine's node id, as the agent names it: the hostname.
+pub fn this_node_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// Asks the server for the lease, or falls back to a local choice when it
+/// does not answer in time. A refusal (bad input, no room) is an error.
+pub async fn obtain(client: Option<&Client>, o: &RunOptions) -> Result<Cpus, String> {
+    let node = o.node.clone().unwrap_or_else(this_node_id);
+    let Some(c) = client else {
+        return local(o, "the server cannot be reached".into());
+    };
+    let req = pb::AllocateCpusRequest {
+        node_id: node,
+        count: o.count,
+        policy: o.policy.clone(),
+        holder: o.holder.clone(),
+        ttl_ms: o.ttl_ms,
+        ..Default::default()
+    };
+    match tokio::time::timeout(o.timeout, c.allocate_cpus(req)).await {
+        Ok(Ok(r)) => Ok(Cpus::Lease {
+            id: r.lease_id,
+            node: r.node_id,
+            cpus: r.cpus,
+            ttl_ms: r.ttl_ms,
+        }),
+        Ok(Err(s)) if matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded) => {
+            local(o, format!("the server failed: {}", s.message()))
+        }
+        Ok(Err(s)) => Err(format!("AllocateCpus: {:?}: {}", s.code(), s.message())),
+        Err(_) => local(
+            o,
+            format!(
+                "the server did not answer within {} ms",
+                o.timeout.as_millis()
+            ),
+        ),
+    }
+}
+
+/// The local fallback: the `count` least busy online CPUs of this machine
+/// by their runqueues now (fewest runnable tasks, then lowest id).
+fn local(o: &RunOptions, why: String) -> Result<Cpus, String> {
+    let mut m = crate::agent::Machine::local().map_err(|e| format!("local fallback: {e}"))?;
+    use crate::agent::Source;
+    let mut cpus: Vec<(u32, u32)> = m
+        .sample()
+        .iter()
+        .filter(|c| c.online)
+        .map(|c| (c.nr_running, c.id))
+        .collect();
+    if cpus.len() < o.count as usize {
+        return Err(format!(
+            "--cpus {}: this machine has {} online CPUs",
+            o.count,
+            cpus.len()
+        ));
+    }
+    cpus.sort_unstable();
+    let mut chosen: Vec<u32> = cpus.iter().take(o.count as usize).map(|c| c.1).collect();
+    chosen.sort_unstable();
+    let list = chosen
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    Ok(Cpus::Local { cpus: list, why })
+}
+
+/// Starts the command on `cpus` (affinity, or the cgroup), keeps the lease
+/// alive while it runs, releases it, and returns the exit status.
+pub async fn run_on(client: Option<&Client>, o: &RunOptions, cpus: &Cpus) -> Result<i32, String> {
+    let list = apply::parse_cpulist(cpus.list()).map_err(|e| e.message)?;
+    let (program, args) = o.cmd.split_first().ok_or("no command to run")?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args);
+    match &o.cgroup {
+        Some(path) => {
+            let dir = apply::set_cgroup_cpus(path, cpus.list()).map_err(|e| e.message)?;
+            let procs = CString::new(
+                dir.join("cgroup.procs")
+                    .into_os_string()
+                    .into_encoded_bytes(),
+            )
+            .map_err(|e| format!("--cgroup: {e}"))?;
+            // SAFETY: the closure runs in the child between fork and exec
+            // and makes only async-signal-safe calls (open, write, close)
+            // on memory prepared before the fork.
+            unsafe {
+                cmd.pre_exec(move || join_cgroup(&procs));
+            }
+        }
+        None => {
+            let set = apply::cpu_set(&list).map_err(|e| e.message)?;
+            // SAFETY: as above; sched_setaffinity is a plain system call.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("{}: {e}", PathBuf::from(program).display()))?;
+    let status = supervise(client, cpus, &mut child).await?;
+    if let (Some(c), Cpus::Lease { id, .. }) = (client, cpus)
+        && let Err(s) = c.release_cpus(*id).await
+    {
+        eprintln!("fairplace run: releasing lease {id}: {}", s.message());
+    }
+    use std::os::unix::process::ExitStatusExt;
+    Ok(status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1))
+}
+
+/// Writes "0" (the writer itself) to a cgroup's cgroup.procs: the child
+/// joins the cgroup before it executes the command.
+fn join_cgroup(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: open, write and close on a NUL-terminated path and a static
+    // buffer; all three are async-signal-safe.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let rc = libc::write(fd, b"0".as_ptr().cast(), 1);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc != 1 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the child, renewing the lease every third of its lifetime
+/// and passing SIGTERM on to the child.
+async fn supervise(
+    client: Option<&Client>,
+    cpus: &Cpus,
+    child: &mut tokio::process::Child,
+) -> Result<std::process::ExitStatus, String> {
+    let (lease, ttl_ms) = match cpus {
+        Cpus::Lease { id, ttl_ms, .. } => (Some(*id), *ttl_ms),
+        Cpus::Local { .. } => (None, 0),
+    };
+    let every = Duration::from_millis((ttl_ms as u64 / 3).max(100));
+    let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("SIGTERM handler: {e}"))?;
+    loop {
+        tokio::select! {
+            st = child.wait() => return st.map_err(|e| format!("waiting for the command: {e}")),
+            _ = renew.tick(), if lease.is_some() && client.is_some() => {
+                let (Some(c), Some(id)) = (client, lease) else { continue };
+                if let Err(s) = c.renew_lease(id, 0).await {
+                    eprintln!("fairplace run: renewing lease {id}: {:?}: {}", s.code(), s.message());
+                }
+            }
+            _ = term.recv() => {
+                if let Some(pid) = child.id() {
+                    // SAFETY: kill sends a signal to our own child.
+                    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+                }
+            }
+        }
+    }
+}
+
+/// `fairplace run` whole: lease (or fallback), run, release; the exit
+/// status. Says on stderr what it runs on.
+pub async fn run(client: Option<&Client>, o: &RunOptions) -> Result<i32, String> {
+    let cpus = obtain(client, o).await?;
+    match &cpus {
+        Cpus::Lease { id, node, cpus, .. } => {
+            eprintln!("fairplace run: lease {id} on node {node}: CPUs {cpus}")
+        }
+        Cpus::Local { cpus, why } => {
+            eprintln!(
+                "fairplace run: warning: {why}; running on CPUs {cpus}, a local choice from this \
+                 machine's runqueues, with no lease (other work may be placed there)"
+            );
+            if let Some(dir) = &o.textfile_dir
+                && let Err(e) = count_fallback(dir)
+            {
+                eprintln!("fairplace run: warning: cannot count the fallback in {dir:?}: {e}");
+            }
+        }
+    }
+    run_on(client, o, &cpus).await
+}
+
+/// The metric file `fairplace run` keeps for node_exporter's textfile
+/// collector (a short-lived command has no endpoint to scrape).
+pub const FALLBACK_PROM: &str = "fairplace_run.prom";
+
+/// Counts one local fallback in `dir/fairplace_run.prom`
+/// (`fairplace_run_fallbacks_total`): read, increment and replace the file
+/// under an exclusive lock, so concurrent runs on the node do not lose
+/// counts, and rename it into place so the collector never reads half.
+pub fn count_fallback(dir: &std::path::Path) -> std::io::Result<u64> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(".fairplace_run.lock"))?;
+    // SAFETY: flock on a descriptor this function owns; released on close.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let path = dir.join(FALLBACK_PROM);
+    let before = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("fairplace_run_fallbacks_total "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    let n = before + 1;
+    let tmp = dir.join(format!(".{FALLBACK_PROM}.{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    writeln!(
+        f,
+        "# HELP fairplace_run_fallbacks_total fairplace run commands started on a local choice because the server did not answer."
+    )?;
+    writeln!(f, "# TYPE fairplace_run_fallbacks_total counter")?;
+    writeln!(f, "fairplace_run_fallbacks_total {n}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(n)
+}

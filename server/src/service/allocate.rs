@@ -1,0 +1,533 @@
+//! AllocateCpus, ReleaseCpus and RenewLease, and the hub that carries
+//! leases to the agents that apply them.
+//!
+//! An allocation is validated (every field named in its refusal), decided
+//! by a policy of `crate::alloc` under the node's writer (so concurrent
+//! allocations never share a CPU) and committed as a lease in the store,
+//! where it counts in every later decision. With `apply`, the lease goes to
+//! the node's agent over its Report stream as an unsolicited Ack, and the
+//! call returns only when the agent answered, failed or timed out; a lease
+//! that could not be applied is released before the error is returned.
+//!
+//! Work is bounded: an allocation costs O(count x CPUs) and runs in the
+//! heavy pool when that product is large; the hub holds one sender per
+//! connected node and one waiter per allocation in flight.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use fairplace_proto::v1 as pb;
+use tokio::sync::oneshot;
+use tonic::Status;
+
+use super::agent::AckTx;
+use super::convert;
+use super::placement::Placement;
+use crate::alloc::{self, Grant, NoRoom, Policy};
+use crate::engine::cpumask::{CpuMask, MAX_CPUS};
+use crate::engine::state::Task;
+use crate::metrics as m;
+use crate::store::{Lease, NewLease, Node, Store, Target};
+
+/// A lease's lifetime when the request gives none.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The longest lifetime a request may ask for (a day); renew for longer.
+pub const MAX_TTL_MS: u32 = 86_400_000;
+/// Longest holder name and cgroup path accepted, in bytes.
+pub const MAX_HOLDER_BYTES: usize = 256;
+pub const MAX_CGROUP_BYTES: usize = 4096;
+/// How long an allocation with `apply` waits for its agent's answer (under
+/// the server's default 2 s request timeout).
+pub const APPLY_TIMEOUT: Duration = Duration::from_millis(1500);
+/// Allocations whose cost (count x online CPUs) is above this run in the
+/// heavy pool, off the async workers.
+const HEAVY_COST: usize = 4096;
+
+/// The connected agents' streams and the allocations waiting for them.
+#[derive(Default)]
+pub struct LeaseHub {
+    streams: Mutex<HashMap<String, (u64, AckTx)>>,
+    /// Lease id -> (node id, the waiting allocation).
+    pending: Mutex<HashMap<u64, (String, oneshot::Sender<pb::ApplyOutcome>)>>,
+}
+
+impl LeaseHub {
+    /// A registered stream: grants for `node` go to `tx` from now on.
+    pub fn attach(&self, node: &str, generation: u64, tx: AckTx) {
+        lock(&self.streams).insert(node.to_string(), (generation, tx));
+    }
+
+    /// The stream of `generation` ended; allocations waiting on it fail now.
+    pub fn detach(&self, node: &str, generation: u64) {
+        let mut s = lock(&self.streams);
+        if s.get(node).is_some_and(|(g, _)| *g == generation) {
+            s.remove(node);
+            lock(&self.pending).retain(|_, (n, _)| n != node);
+        }
+    }
+
+    fn sender(&self, node: &str) -> Option<AckTx> {
+        lock(&self.streams).get(node).map(|(_, tx)| tx.clone())
+    }
+
+    /// Sends the node's live leases with a target to its new stream: the
+    /// agent (re)applies them after it (re)starts.
+    pub async fn resend(&self, store: &Store, node: &Node, tx: &AckTx) {
+        let grants: Vec<pb::LeaseGrant> = store
+            .leases_of(node)
+            .iter()
+            .filter(|l| l.target.is_some())
+            .map(grant_pb)
+            .collect();
+        if !grants.is_empty() {
+            let ack = pb::Ack {
+                grants,
+                ..Default::default()
+            };
+            let _ = tx.send(Ok(ack)).await;
+        }
+    }
+
+    /// Tells the node's agent that leases ended (best effort: an agent that
+    /// is not connected learns it from the leases re-sent at registration).
+    pub fn notify_released(&self, node: &str, ids: Vec<u64>) {
+        if let Some(tx) = self.sender(node) {
+            let _ = tx.try_send(Ok(pb::Ack {
+                released: ids,
+                ..Default::default()
+            }));
+        }
+    }
+
+    /// An outcome from `node`'s agent: the answer an allocation waits for,
+    /// or an unsolicited report (a re-applied lease, a target gone).
+    pub fn outcome(&self, store: &Store, node: &Node, o: pb::ApplyOutcome) {
+        let waiter = {
+            let mut p = lock(&self.pending);
+            match p.get(&o.lease_id) {
+                Some((n, _)) if *n == node.id => p.remove(&o.lease_id).map(|(_, w)| w),
+                _ => None,
+            }
+        };
+        if let Some(w) = waiter {
+            let _ = w.send(o);
+            return;
+        }
+        // Only this node's own leases: a node may not end another's.
+        if !store.leases_of(node).iter().any(|l| l.id == o.lease_id) {
+            return;
+        }
+        if o.ok {
+            store.mark_lease_applied(node, o.lease_id);
+        } else if matches!(o.reason.as_str(), "gone" | "not_found") {
+            if store.release_lease(o.lease_id).is_some() {
+                metrics::counter!(m::LEASES_ENDED, "how" => "target_gone").increment(1);
+                tracing::info!(node = %node.id, lease = o.lease_id, "lease released: its target is gone");
+            }
+        } else {
+            tracing::warn!(node = %node.id, lease = o.lease_id, reason = %o.reason, message = %o.message, "the agent could not re-apply a lease");
+        }
+    }
+
+    /// Sends a lease to its node's agent and waits for the outcome.
+    async fn apply(&self, store: &Store, node: &Node, lease: &Lease) -> Result<(), Status> {
+        let q = convert::quote(&node.id);
+        let Some(tx) = self.sender(&node.id) else {
+            return Err(Status::unavailable(format!(
+                "apply: no agent is connected for node {q}"
+            )));
+        };
+        let (wtx, wrx) = oneshot::channel();
+        lock(&self.pending).insert(lease.id, (node.id.clone(), wtx));
+        let ack = pb::Ack {
+            grants: vec![grant_pb(lease)],
+            ..Default::default()
+        };
+        let sent = tokio::time::timeout(APPLY_TIMEOUT, tx.send(Ok(ack))).await;
+        if !matches!(sent, Ok(Ok(()))) {
+            lock(&self.pending).remove(&lease.id);
+            return Err(Status::unavailable(format!(
+                "apply: the agent stream of node {q} is not taking messages"
+            )));
+        }
+        let answer = tokio::time::timeout(APPLY_TIMEOUT, wrx).await;
+        lock(&self.pending).remove(&lease.id);
+        match answer {
+            Ok(Ok(o)) if o.ok => {
+                store.mark_lease_applied(node, lease.id);
+                Ok(())
+            }
+            Ok(Ok(o)) => Err(outcome_status(&o)),
+            Ok(Err(_)) => Err(Status::unavailable(format!(
+                "apply: the agent stream of node {q} ended before it answered"
+            ))),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "apply: the agent of node {q} did not answer within {} ms",
+                APPLY_TIMEOUT.as_millis()
+            ))),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The status an agent's failure becomes.
+fn outcome_status(o: &pb::ApplyOutcome) -> Status {
+    let msg = format!("apply: {}", o.message);
+    match o.reason.as_str() {
+        "not_found" | "gone" => Status::not_found(msg),
+        "permission_denied" => Status::permission_denied(msg),
+        "invalid" => Status::invalid_argument(msg),
+        _ => Status::failed_precondition(msg),
+    }
+}
+
+pub fn target_pb(t: &Target) -> pb::ApplyTarget {
+    pb::ApplyTarget {
+        target: Some(match t {
+            Target::Pid(p) => pb::apply_target::Target::Pid(*p),
+            Target::Cgroup(c) => pb::apply_target::Target::Cgroup(c.clone()),
+        }),
+    }
+}
+
+fn grant_pb(l: &Lease) -> pb::LeaseGrant {
+    pb::LeaseGrant {
+        lease_id: l.id,
+        cpus: l.cpus.to_string(),
+        target: l.target.as_ref().map(target_pb),
+    }
+}
+
+/// Leases as GetNode shows them.
+pub fn leases_to_pb(leases: &[Lease], now: Instant) -> Vec<pb::Lease> {
+    leases
+        .iter()
+        .map(|l| pb::Lease {
+            lease_id: l.id,
+            cpus: l.cpus.to_string(),
+            policy: l.policy.clone(),
+            holder: l.holder.clone(),
+            expires_in_ms: l.expires.saturating_duration_since(now).as_millis() as u64,
+            apply: l.target.as_ref().map(target_pb),
+            applied: l.applied,
+        })
+        .collect()
+}
+
+/// The request's fields that do not depend on the node, checked.
+struct Checked {
+    policy: Policy,
+    count: usize,
+    holder: String,
+    ttl: Duration,
+    target: Option<Target>,
+}
+
+fn invalid(field: &str, msg: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {msg}"))
+}
+
+fn check(r: &pb::AllocateCpusRequest) -> Result<Checked, Status> {
+    let policy = Policy::parse(&r.policy).ok_or_else(|| {
+        invalid(
+            "policy",
+            format!(
+                "{} is not a policy (kernel, cores, llc, llc-exclusive, spread)",
+                convert::quote(&r.policy)
+            ),
+        )
+    })?;
+    if r.count == 0 {
+        return Err(invalid("count", "must be at least 1"));
+    }
+    if r.count as usize > MAX_CPUS {
+        return Err(invalid(
+            "count",
+            format!("{} is more than any node has ({MAX_CPUS})", r.count),
+        ));
+    }
+    if r.holder.len() > MAX_HOLDER_BYTES || r.holder.chars().any(char::is_control) {
+        return Err(invalid(
+            "holder",
+            format!(
+                "{} must be at most {MAX_HOLDER_BYTES} bytes without control characters",
+                convert::quote(&r.holder)
+            ),
+        ));
+    }
+    if r.ttl_ms > MAX_TTL_MS {
+        return Err(invalid(
+            "ttl_ms",
+            format!(
+                "{} is out of range 0..{MAX_TTL_MS} (renew for longer)",
+                r.ttl_ms
+            ),
+        ));
+    }
+    let ttl = match r.ttl_ms {
+        0 => DEFAULT_TTL,
+        t => Duration::from_millis(t as u64),
+    };
+    Ok(Checked {
+        policy,
+        count: r.count as usize,
+        holder: r.holder.clone(),
+        ttl,
+        target: r.apply.as_ref().map(check_target).transpose()?,
+    })
+}
+
+fn check_target(a: &pb::ApplyTarget) -> Result<Target, Status> {
+    match &a.target {
+        None => Err(invalid("apply", "name a pid or a cgroup")),
+        Some(pb::apply_target::Target::Pid(0)) => Err(invalid("apply.pid", "must not be 0")),
+        Some(pb::apply_target::Target::Pid(p)) => Ok(Target::Pid(*p)),
+        Some(pb::apply_target::Target::Cgroup(c)) => {
+            let bad = c.is_empty()
+                || c.len() > MAX_CGROUP_BYTES
+                || c.chars().any(char::is_control)
+                || c.split('/').any(|s| s == "..");
+            if bad {
+                return Err(invalid(
+                    "apply.cgroup",
+                    format!(
+                        "{} must be a non-empty path of at most {MAX_CGROUP_BYTES} bytes, without '..' or control characters",
+                        convert::quote(c)
+                    ),
+                ));
+            }
+            Ok(Target::Cgroup(c.clone()))
+        }
+    }
+}
+
+/// The node to allocate on: the named one, or the cluster slow path's
+/// choice among fresh nodes with an allowed online CPU.
+fn choose_node(p: &Placement, r: &pb::AllocateCpusRequest) -> Result<Arc<Node>, Status> {
+    if !r.node_id.is_empty() {
+        return p.node(&r.node_id);
+    }
+    let allowed = match r.task.as_ref().map_or("", |t| t.cpus_allowed.as_str()) {
+        "" => CpuMask::first_n(MAX_CPUS),
+        s => CpuMask::parse_cpulist(s, MAX_CPUS).map_err(|e| invalid("task.cpus_allowed", e))?,
+    };
+    if allowed.is_empty() {
+        return Err(invalid("task.cpus_allowed", "must not be empty"));
+    }
+    let req = crate::cluster::ClusterRequest {
+        first_allowed_cpu: allowed.first().unwrap_or(0),
+        origin: None,
+        selector: Vec::new(),
+    };
+    let choice = p.store.cluster_pick(&req, &allowed).ok_or_else(|| {
+        Status::failed_precondition("node_id: no fresh node can run the task; name a node")
+    })?;
+    p.node(&choice.node)
+}
+
+/// The request's task on this node, and the check of `count` against its
+/// allowed online CPUs.
+fn node_task(
+    r: &pb::AllocateCpusRequest,
+    c: &Checked,
+    topo: &crate::engine::topology::Topology,
+) -> Result<Task, Status> {
+    let task = convert::task(r.task.as_ref(), topo, false, 0).map_err(convert::invalid)?;
+    let usable = task.cpus_allowed.and(&topo.online).weight();
+    if usable == 0 {
+        return Err(invalid("task.cpus_allowed", "no allowed CPU is online"));
+    }
+    if c.count > usable {
+        return Err(invalid(
+            "count",
+            format!(
+                "{} is more than the node's {usable} allowed online CPUs",
+                c.count
+            ),
+        ));
+    }
+    Ok(task)
+}
+
+/// Decides and commits the lease under the node's writer.
+fn decide(
+    store: &Store,
+    node: &Node,
+    task: &Task,
+    c: &Checked,
+    now: Instant,
+) -> Result<(Grant, Lease, u64), NoRoom> {
+    let sys = store.config.system;
+    let ((grant, version), lease) = store.allocate_locked(node, now, |snap, leased| {
+        let req = alloc::Request {
+            topo: &snap.topo,
+            state: &snap.state,
+            features: &snap.features,
+            system: &sys,
+            task,
+            count: c.count,
+            policy: c.policy,
+            leased,
+        };
+        let grant = alloc::allocate(&req)?;
+        let new = NewLease {
+            cpus: grant.mask(),
+            policy: c.policy.as_str().to_string(),
+            holder: c.holder.clone(),
+            ttl: c.ttl,
+            target: c.target.clone(),
+        };
+        Ok(((grant, snap.version), new))
+    })?;
+    Ok((grant, lease, version))
+}
+
+fn refused(policy: &str, reason: &str) {
+    metrics::counter!(m::LEASE_REFUSALS, "policy" => policy.to_string(), "reason" => reason.to_string())
+        .increment(1);
+}
+
+/// AllocateCpus.
+pub async fn allocate_cpus(
+    p: &Placement,
+    r: pb::AllocateCpusRequest,
+) -> Result<pb::AllocateCpusResponse, Status> {
+    let policy_label = Policy::parse(&r.policy).map_or("unknown", Policy::as_str);
+    let out = allocate_inner(p, r).await;
+    if let Err((reason, _)) = &out {
+        refused(policy_label, reason);
+    }
+    out.map_err(|(_, s)| s)
+}
+
+async fn allocate_inner(
+    p: &Placement,
+    r: pb::AllocateCpusRequest,
+) -> Result<pb::AllocateCpusResponse, (&'static str, Status)> {
+    let c = check(&r).map_err(|s| ("invalid", s))?;
+    let node = choose_node(p, &r).map_err(|s| ("node", s))?;
+    let now = Instant::now();
+    let (snap, _) = p.fresh_snapshot(&node, now).map_err(|s| ("node", s))?;
+    let task = node_task(&r, &c, &snap.topo).map_err(|s| ("invalid", s))?;
+    let cost = c.count * snap.topo.online.weight();
+    drop(snap);
+    let c = Arc::new(c);
+    let decided = if cost <= HEAVY_COST {
+        decide(&p.store, &node, &task, &c, now)
+    } else {
+        let (store, n, c2) = (Arc::clone(&p.store), Arc::clone(&node), Arc::clone(&c));
+        p.heavy
+            .run("allocate", move || decide(&store, &n, &task, &c2, now))
+            .await
+            .map_err(|s| ("busy", s))?
+    };
+    let (grant, lease, version) =
+        decided.map_err(|e| (e.reason, Status::resource_exhausted(e.message)))?;
+    let mut applied = false;
+    if lease.target.is_some() {
+        if let Err(s) = p.hub.apply(&p.store, &node, &lease).await {
+            p.store.release_lease(lease.id);
+            metrics::counter!(m::LEASES_ENDED, "how" => "apply_failed").increment(1);
+            return Err(("apply", s));
+        }
+        applied = true;
+    }
+    metrics::counter!(m::LEASE_GRANTS, "policy" => c.policy.as_str()).increment(1);
+    tracing::debug!(node = %node.id, lease = lease.id, cpus = %lease.cpus, policy = c.policy.as_str(), holder = %c.holder, "lease granted");
+    Ok(pb::AllocateCpusResponse {
+        lease_id: lease.id,
+        cpus: lease.cpus.to_string(),
+        per_cpu: grant
+            .cpus
+            .iter()
+            .map(|(cpu, path)| pb::LeasedCpu {
+                cpu: *cpu as u32,
+                path: path.to_string(),
+            })
+            .collect(),
+        scanned: grant.scanned,
+        explanation: grant.explanation,
+        node_id: node.id.clone(),
+        policy: c.policy.as_str().to_string(),
+        ttl_ms: lease.ttl.as_millis() as u32,
+        applied,
+        state_version: version,
+    })
+}
+
+fn no_lease(id: u64) -> Status {
+    Status::not_found(format!(
+        "lease_id: no live lease {id} (never granted, released, expired, or its node forgotten)"
+    ))
+}
+
+/// ReleaseCpus.
+pub fn release_cpus(
+    p: &Placement,
+    r: pb::ReleaseCpusRequest,
+) -> Result<pb::ReleaseCpusResponse, Status> {
+    if r.lease_id == 0 {
+        return Err(invalid("lease_id", "must not be 0"));
+    }
+    let ended = p
+        .store
+        .release_lease(r.lease_id)
+        .ok_or_else(|| no_lease(r.lease_id))?;
+    metrics::counter!(m::LEASES_ENDED, "how" => "released").increment(1);
+    if ended.lease.target.is_some() {
+        p.hub.notify_released(&ended.node, vec![ended.lease.id]);
+    }
+    Ok(pb::ReleaseCpusResponse {
+        node_id: ended.node,
+        cpus: ended.lease.cpus.to_string(),
+    })
+}
+
+/// RenewLease.
+pub fn renew_lease(
+    p: &Placement,
+    r: pb::RenewLeaseRequest,
+) -> Result<pb::RenewLeaseResponse, Status> {
+    if r.lease_id == 0 {
+        return Err(invalid("lease_id", "must not be 0"));
+    }
+    if r.ttl_ms > MAX_TTL_MS {
+        return Err(invalid(
+            "ttl_ms",
+            format!("{} is out of range 0..{MAX_TTL_MS}", r.ttl_ms),
+        ));
+    }
+    let ttl = (r.ttl_ms > 0).then(|| Duration::from_millis(r.ttl_ms as u64));
+    let t = p
+        .store
+        .renew_lease(r.lease_id, ttl, Instant::now())
+        .ok_or_else(|| no_lease(r.lease_id))?;
+    Ok(pb::RenewLeaseResponse {
+        ttl_ms: t.as_millis() as u32,
+    })
+}
+
+/// Ends expired leases every 100 ms and tells their agents.
+pub fn spawn_expiry(store: Arc<Store>, hub: Arc<LeaseHub>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tick.tick().await;
+            let ended = store.expire_leases(Instant::now());
+            if ended.is_empty() {
+                continue;
+            }
+            metrics::counter!(m::LEASES_ENDED, "how" => "expired").increment(ended.len() as u64);
+            for e in ended {
+                tracing::info!(node = %e.node, lease = e.lease.id, "lease expired");
+                if e.lease.target.is_some() {
+                    hub.notify_released(&e.node, vec![e.lease.id]);
+                }
+            }
+        }
+    })
+}
