@@ -13,6 +13,7 @@
 pub mod limits;
 pub mod pelt;
 pub mod procfs;
+pub mod sched_debug;
 pub mod sysfs;
 pub mod tasks;
 #[cfg(test)]
