@@ -42,6 +42,7 @@ pub const CACHE_PREF_CHANGES: &str = "fairplace_cache_preference_changes_total";
 pub const NODE_CACHE_PROCESSES: &str = "fairplace_node_cache_processes_preferring";
 pub const NODE_CACHE_TASKS_PREF: &str = "fairplace_node_cache_tasks_with_preference";
 pub const NODE_CACHE_TASKS_ON_PREF: &str = "fairplace_node_cache_tasks_on_preferred_llc";
+pub const NODE_SIGNAL_SOURCE: &str = "fairplace_node_signal_source";
 pub const CLAIMS_BY_CALLER: &str = "fairplace_claims_total";
 pub const TLS_HANDSHAKE_FAILURES: &str = "fairplace_tls_handshake_failures_total";
 pub const TLS_RELOADS: &str = "fairplace_tls_reloads_total";
@@ -49,7 +50,7 @@ pub const TLS_RELOAD_ERRORS: &str = "fairplace_tls_reload_errors_total";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 40] = [
+pub const ALL: [(&str, &str, &str); 41] = [
     (
         DECISIONS,
         "counter",
@@ -229,6 +230,11 @@ pub const ALL: [(&str, &str, &str); 40] = [
         NODE_CACHE_TASKS_ON_PREF,
         "gauge",
         "Reported runnable tasks queued on their process's preferred LLC, by node.",
+    ),
+    (
+        NODE_SIGNAL_SOURCE,
+        "gauge",
+        "1 for the source a node's agent reads its signals from (procfs, sched_debug, bpf, simulated, unspecified), by node.",
     ),
     (
         CLAIMS_BY_CALLER,

@@ -176,7 +176,9 @@ impl CfsRaw {
 /// `cpu#N` or `cpu#N, 2600.000 MHz` (x86).
 fn cpu_header(line: &str) -> Option<u32> {
     let rest = line.strip_prefix("cpu#")?;
-    let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
     rest[..end].parse().ok()
 }
 
