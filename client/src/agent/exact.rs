@@ -12,6 +12,16 @@
 //! `/proc` is opened three times per runnable thread plus once per thread
 //! the agent has not seen before (its process id, kept in a cache).
 //!
+//! The kernel's side of a read is not free: it walks every thread of the
+//! machine once per CPU and prints a row for each, about 1 µs per thread
+//! (3-5 ms with 3,000 threads, cold caches). Reads are therefore paced by
+//! a CPU budget ([`Exact::with_budget`], a share of one core): each call
+//! earns the budget's share of the time since the previous one, a read
+//! spends its measured thread CPU time, and a call without credit skips the
+//! read and returns the last state (the update is then a heartbeat). At a
+//! 1 s interval nothing is ever skipped; at 100 ms with thousands of
+//! threads some ticks are.
+//!
 //! If the file stops being readable (debugfs unmounted), the agent logs
 //! once and goes on with the procfs reader it was built around.
 
@@ -44,6 +54,26 @@ pub struct Exact {
     /// Per CPU: the rq clock when it was first seen idle; 0 while busy.
     idle_stamp: Vec<i64>,
     threads: HashMap<u32, Thread>,
+    /// Reading budget in parts per million of one core; 0: unpaced.
+    budget_ppm: u64,
+    /// CPU time (ns) reads may still spend; negative: skip.
+    credit_ns: i64,
+    last_call: Option<std::time::Instant>,
+    /// The states of the last read, returned when a read is skipped.
+    last_states: Vec<pb::CpuState>,
+    /// The last call skipped its read (its task lists are not sent).
+    skipped: bool,
+}
+
+/// This thread's CPU time, ns.
+fn thread_cpu_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
 impl Exact {
@@ -56,7 +86,32 @@ impl Exact {
             last: Vec::new(),
             idle_stamp: vec![0; n],
             threads: HashMap::new(),
+            budget_ppm: 0,
+            credit_ns: 0,
+            last_call: None,
+            last_states: Vec::new(),
+            skipped: false,
         }
+    }
+
+    /// Paces reads to `pct` % of one core (0: every call reads).
+    pub fn with_budget(mut self, pct: f64) -> Exact {
+        self.budget_ppm = (pct.clamp(0.0, 100.0) * 10_000.0) as u64;
+        self
+    }
+
+    /// Whether this call may read: credit earned since the last call, at
+    /// most one second's worth banked.
+    fn may_read(&mut self) -> bool {
+        if self.budget_ppm == 0 || self.last_states.is_empty() {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        let dt = self.last_call.map_or(0, |t| (now - t).as_nanos() as i64);
+        self.last_call = Some(now);
+        let cap = (self.budget_ppm as i64) * 1_000; // 1 s of budget, ns
+        self.credit_ns = (self.credit_ns + dt * self.budget_ppm as i64 / 1_000_000).min(cap);
+        self.credit_ns >= 0
     }
 
     /// One read of the file; on the first failure, the switch to procfs.
@@ -146,7 +201,14 @@ impl Source for Exact {
         if self.failed {
             return self.machine.sample();
         }
+        if !self.may_read() {
+            self.skipped = true;
+            metrics::counter!("fairplace_agent_reads_skipped_total").increment(1);
+            return self.last_states.clone();
+        }
+        self.skipped = false;
         let t0 = std::time::Instant::now();
+        let c0 = thread_cpu_ns();
         let Some(cpus) = self.read() else {
             return self.machine.sample();
         };
@@ -180,6 +242,8 @@ impl Source for Exact {
             .collect();
         self.last = cpus;
         self.machine.last_read = t0.elapsed();
+        self.credit_ns -= thread_cpu_ns() - c0;
+        self.last_states.clone_from(&out);
         out
     }
 
@@ -187,9 +251,19 @@ impl Source for Exact {
         if self.failed {
             return self.machine.sample_tasks();
         }
-        if self.machine.task_cap == 0 {
+        if self.machine.task_cap == 0 || self.skipped {
             return None;
         }
+        let c0 = thread_cpu_ns();
+        let report = self.tasks();
+        self.credit_ns -= thread_cpu_ns() - c0;
+        Some(report)
+    }
+}
+
+impl Exact {
+    /// The task lists and runtime of the last read.
+    fn tasks(&mut self) -> TaskReport {
         let n = self.machine.nr_cpus();
         let own = own_threads(&self.machine.proc);
         let runtime = self.runtime(&own, n);
@@ -222,11 +296,9 @@ impl Source for Exact {
                 clock_task: clocks[i],
             })
             .collect();
-        Some(TaskReport { cpus, runtime })
+        TaskReport { cpus, runtime }
     }
-}
 
-impl Exact {
     /// Per-(process, CPU) runtime since the last sample, from the table's
     /// `sum-exec` of every thread, attributed to the CPU it is on now (as
     /// the procfs reader does). A thread seen for the first time costs one

@@ -211,14 +211,29 @@ fn table_row(line: &str, cols: (usize, usize, usize)) -> Option<TableTask> {
     let current = b[0] == b'>';
     let state = if current { 'R' } else { b[1] as char };
     let rest = std::str::from_utf8(&b[18..]).ok()?;
-    let toks: Vec<&str> = rest.split_whitespace().filter(|t| *t != "S").collect();
+    // Thousands of rows per read: no allocation per row, and no token past
+    // the last column wanted.
     let (pid, sum, prio) = cols;
+    let last = pid.max(sum).max(prio);
+    let (mut tid, mut sum_exec, mut pr) = (None, None, None);
+    let toks = rest.split_ascii_whitespace().filter(|t| *t != "S");
+    for (i, t) in toks.enumerate().take(last + 1) {
+        if i == pid {
+            tid = t.parse().ok();
+        }
+        if i == sum {
+            sum_exec = parse_split_ns(t);
+        }
+        if i == prio {
+            pr = t.parse().ok();
+        }
+    }
     Some(TableTask {
-        tid: toks.get(pid)?.parse().ok()?,
+        tid: tid?,
         state,
         current,
-        sum_exec_ns: parse_split_ns(toks.get(sum)?)?.max(0) as u64,
-        prio: toks.get(prio)?.parse().ok()?,
+        sum_exec_ns: sum_exec?.max(0) as u64,
+        prio: pr?,
     })
 }
 

@@ -57,14 +57,22 @@ impl Default for Paths {
 }
 
 /// The machine's reader for `choice`, with up to `task_cap` runnable tasks
-/// per CPU. `auto` falls back to procfs with one log line saying why.
-pub fn open(choice: Choice, paths: &Paths, task_cap: usize) -> std::io::Result<Box<dyn Source>> {
+/// per CPU, sched/debug reads paced to `read_budget_pct` % of one core (0:
+/// unpaced). `auto` falls back to procfs with one log line saying why.
+pub fn open(
+    choice: Choice,
+    paths: &Paths,
+    task_cap: usize,
+    read_budget_pct: f64,
+) -> std::io::Result<Box<dyn Source>> {
     let machine = Machine::new(paths.sys.clone(), paths.proc.clone())?.with_task_cap(task_cap);
     if choice == Choice::Procfs {
         return Ok(Box::new(machine));
     }
     match try_sched_debug(&paths.sched_debug) {
-        Ok(reader) => Ok(Box::new(Exact::new(machine, reader))),
+        Ok(reader) => Ok(Box::new(
+            Exact::new(machine, reader).with_budget(read_budget_pct),
+        )),
         Err(why) if choice == Choice::Auto => {
             tracing::warn!(
                 reason = %why,
@@ -118,11 +126,11 @@ mod tests {
             sched_debug: PathBuf::from("/nonexistent/sched/debug"),
             ..Paths::default()
         };
-        let Ok(s) = open(Choice::Auto, &paths, 0) else {
+        let Ok(s) = open(Choice::Auto, &paths, 0, 0.0) else {
             return; // no sysfs topology here
         };
         assert_eq!(s.signal_source(), pb::SignalSource::Procfs);
-        assert!(open(Choice::SchedDebug, &paths, 0).is_err());
+        assert!(open(Choice::SchedDebug, &paths, 0, 0.0).is_err());
     }
 
     #[test]
@@ -132,7 +140,7 @@ mod tests {
             eprintln!("skipped: sched/debug is not readable here");
             return;
         }
-        let s = open(Choice::Auto, &paths, 0).unwrap();
+        let s = open(Choice::Auto, &paths, 0, 0.0).unwrap();
         assert_eq!(s.signal_source(), pb::SignalSource::SchedDebug);
         assert_eq!(name(s.signal_source() as i32), "sched_debug");
     }

@@ -71,6 +71,12 @@ struct Args {
     /// procfs (approximate).
     #[arg(long, default_value = "auto", value_parser = ["auto", "sched-debug", "procfs"])]
     signal_source: String,
+    /// CPU budget of sched/debug reads, % of one core: the kernel walks
+    /// every thread to print the file (about 1 µs each), so with many
+    /// threads and a short interval some ticks send the last state instead
+    /// of reading (0: read every tick).
+    #[arg(long, default_value_t = 3.5)]
+    read_budget_pct: f64,
     /// The kernel's sched/debug file.
     #[arg(long, default_value = "/sys/kernel/debug/sched/debug")]
     sched_debug_path: String,
@@ -176,7 +182,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 proc: a.proc_root.clone().into(),
                 sched_debug: a.sched_debug_path.clone().into(),
             };
-            let m = signal::open(a.signal_source.parse()?, &paths, a.task_cap as usize)?;
+            let m = signal::open(
+                a.signal_source.parse()?,
+                &paths,
+                a.task_cap as usize,
+                a.read_budget_pct,
+            )?;
             tracing::info!(
                 node = %base,
                 cpus = m.topology().cpus.len(),
