@@ -108,8 +108,8 @@ fn cpu_ns(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// The server's applied reports, from its /metrics.
-fn reports(metrics: &str) -> u64 {
+/// The sum of a counter family's samples on a /metrics page.
+fn counter(metrics: &str, family: &str) -> u64 {
     let Ok(mut s) = TcpStream::connect(metrics) else {
         return 0;
     };
@@ -120,20 +120,27 @@ fn reports(metrics: &str) -> u64 {
     let mut body = String::new();
     let _ = s.read_to_string(&mut body);
     body.lines()
-        .filter(|l| l.starts_with("fairplace_agent_reports_applied_total{"))
+        .filter(|l| l.starts_with(family) && !l.starts_with('#'))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
 
-/// One point: the agent's CPU ms per report and its share of one core.
+/// The server's applied reports.
+fn reports(metrics: &str) -> u64 {
+    counter(metrics, "fairplace_agent_reports_applied_total{")
+}
+
+/// One point: the agent's CPU ms per report, its share of one core, the
+/// reports and the share of them that read sched/debug.
 fn measure(
     grpc: &str,
     metrics: &str,
     source: &str,
     interval_ms: u64,
     window: Duration,
-) -> (f64, f64, u64) {
+) -> (f64, f64, u64, f64) {
     let warm = Duration::from_secs(3);
+    let own = format!("127.0.0.1:{}", free_port());
     let mut agent = Command::new(sibling("fairplace-agent"))
         .args([
             "--server",
@@ -144,22 +151,37 @@ fn measure(
             &interval_ms.to_string(),
             "--signal-source",
             source,
+            "--metrics-addr",
+            &own,
         ])
         .stderr(Stdio::null())
         .spawn()
         .expect("fairplace-agent");
     std::thread::sleep(warm);
-    let (c0, r0, t0) = (cpu_ns(agent.id()), reports(metrics), Instant::now());
+    let skipped = || counter(&own, "fairplace_agent_reads_skipped_total");
+    let (c0, r0, s0, t0) = (
+        cpu_ns(agent.id()),
+        reports(metrics),
+        skipped(),
+        Instant::now(),
+    );
     std::thread::sleep(window);
-    let (c1, r1, t1) = (cpu_ns(agent.id()), reports(metrics), Instant::now());
+    let (c1, r1, s1, t1) = (
+        cpu_ns(agent.id()),
+        reports(metrics),
+        skipped(),
+        Instant::now(),
+    );
     let _ = agent.kill();
     let _ = agent.wait();
     let cpu = (c1 - c0) as f64;
     let n = r1.saturating_sub(r0).max(1);
+    let read = 100.0 * (1.0 - s1.saturating_sub(s0) as f64 / n as f64).max(0.0);
     (
         cpu / 1e6 / n as f64,
         100.0 * cpu / (t1 - t0).as_nanos() as f64,
         n,
+        read,
     )
 }
 
@@ -177,9 +199,9 @@ fn main() {
         .expect("fairplace-server");
     std::thread::sleep(Duration::from_millis(500));
     println!(
-        "| threads on the machine | source | interval | agent CPU per report | agent CPU (% of one core) | reports |"
+        "| threads on the machine | source | interval | agent CPU per report | agent CPU (% of one core) | reports | reports that read the kernel |"
     );
-    println!("|---:|---|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|");
     for &n in &a.threads {
         let mut kids = sleepers(n);
         let total = std::fs::read_dir("/proc")
@@ -195,10 +217,10 @@ fn main() {
                 if src == "procfs" && iv < a.procfs_min_interval_ms {
                     continue;
                 }
-                let (ms, pct, k) =
+                let (ms, pct, k, read) =
                     measure(&grpc, &metrics, src, iv, Duration::from_secs(a.window_s));
                 println!(
-                    "| {n} parked (+{} others) | {src} | {iv} ms | {ms:.3} ms | {pct:.2} % | {k} |",
+                    "| {n} parked (+{} others) | {src} | {iv} ms | {ms:.3} ms | {pct:.2} % | {k} | {read:.0} % |",
                     total.saturating_sub(n)
                 );
             }

@@ -133,6 +133,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             metrics::Unit::Seconds,
             "Time to hand one update to the stream."
         );
+        metrics::describe_counter!(
+            "fairplace_agent_reads_skipped_total",
+            "Ticks that sent the last state instead of reading sched/debug (read budget spent)."
+        );
         metrics::describe_histogram!(
             "fairplace_agent_read_duration_seconds",
             metrics::Unit::Seconds,
