@@ -130,6 +130,29 @@ fn reports(metrics: &str) -> u64 {
     counter(metrics, "fairplace_agent_reports_applied_total{")
 }
 
+/// The node's state age (s) as the server's gauge says now.
+fn state_age(metrics: &str) -> Option<f64> {
+    let mut s = TcpStream::connect(metrics).ok()?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {metrics}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.lines()
+        .find(|l| l.starts_with("fairplace_node_state_age_seconds{node=\"cost\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Polls the state age every 20 ms for `window`; its 99th percentile.
+fn age_p99(metrics: &str, window: Duration) -> f64 {
+    let t0 = Instant::now();
+    let mut ages = Vec::new();
+    while t0.elapsed() < window {
+        ages.extend(state_age(metrics));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ages.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    ages.get(ages.len() * 99 / 100).copied().unwrap_or(f64::NAN)
+}
+
 /// One point: the agent's CPU ms per report, its share of one core, the
 /// reports and the share of them that read sched/debug.
 fn measure(
@@ -138,7 +161,7 @@ fn measure(
     source: &str,
     interval_ms: u64,
     window: Duration,
-) -> (f64, f64, u64, f64) {
+) -> (f64, f64, u64, f64, f64) {
     let warm = Duration::from_secs(3);
     let own = format!("127.0.0.1:{}", free_port());
     let mut agent = Command::new(sibling("fairplace-agent"))
@@ -165,7 +188,7 @@ fn measure(
         skipped(),
         Instant::now(),
     );
-    std::thread::sleep(window);
+    let p99 = age_p99(metrics, window);
     let (c1, r1, s1, t1) = (
         cpu_ns(agent.id()),
         reports(metrics),
@@ -182,6 +205,7 @@ fn measure(
         100.0 * cpu / (t1 - t0).as_nanos() as f64,
         n,
         read,
+        p99 * 1e3,
     )
 }
 
@@ -199,9 +223,9 @@ fn main() {
         .expect("fairplace-server");
     std::thread::sleep(Duration::from_millis(500));
     println!(
-        "| threads on the machine | source | interval | agent CPU per report | agent CPU (% of one core) | reports | reports that read the kernel |"
+        "| threads on the machine | source | interval | agent CPU per report | agent CPU (% of one core) | reports | reports that read the kernel | server's state age p99 |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for &n in &a.threads {
         let mut kids = sleepers(n);
         let total = std::fs::read_dir("/proc")
@@ -217,10 +241,10 @@ fn main() {
                 if src == "procfs" && iv < a.procfs_min_interval_ms {
                     continue;
                 }
-                let (ms, pct, k, read) =
+                let (ms, pct, k, read, p99) =
                     measure(&grpc, &metrics, src, iv, Duration::from_secs(a.window_s));
                 println!(
-                    "| {n} parked (+{} others) | {src} | {iv} ms | {ms:.3} ms | {pct:.2} % | {k} | {read:.0} % |",
+                    "| {n} parked (+{} others) | {src} | {iv} ms | {ms:.3} ms | {pct:.2} % | {k} | {read:.0} % | {p99:.0} ms |",
                     total.saturating_sub(n)
                 );
             }

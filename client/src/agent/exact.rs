@@ -114,6 +114,14 @@ impl Exact {
         self.credit_ns >= 0
     }
 
+    /// Charges a read. The debt is bounded by one second of budget: the
+    /// first read after many new threads (one `status` each) would
+    /// otherwise stop reads for many seconds.
+    fn spend(&mut self, ns: i64) {
+        let cap = (self.budget_ppm as i64) * 1_000;
+        self.credit_ns = (self.credit_ns - ns).max(-cap);
+    }
+
     /// One read of the file; on the first failure, the switch to procfs.
     fn read(&mut self) -> Option<Vec<CpuSignals>> {
         let parsed = self
@@ -242,7 +250,7 @@ impl Source for Exact {
             .collect();
         self.last = cpus;
         self.machine.last_read = t0.elapsed();
-        self.credit_ns -= thread_cpu_ns() - c0;
+        self.spend(thread_cpu_ns() - c0);
         self.last_states.clone_from(&out);
         out
     }
@@ -256,7 +264,7 @@ impl Source for Exact {
         }
         let c0 = thread_cpu_ns();
         let report = self.tasks();
-        self.credit_ns -= thread_cpu_ns() - c0;
+        self.spend(thread_cpu_ns() - c0);
         Some(report)
     }
 }
