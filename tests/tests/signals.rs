@@ -127,7 +127,11 @@ fn kernel_now(r: &mut sched_debug::Reader) -> Vec<Kernel> {
 /// Reads of the file, every 3 ms, the last two seconds' worth.
 type History = std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Vec<Kernel>>>>;
 
-fn sample_kernel(mut r: sched_debug::Reader, history: History, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+fn sample_kernel(
+    mut r: sched_debug::Reader,
+    history: History,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let k = kernel_now(&mut r);
         let mut h = history.lock().unwrap();
@@ -219,7 +223,12 @@ fn the_agent_reports_the_kernels_own_signals() {
             for cpu in 0..2 {
                 // Both CPUs are busy: both have a task list, with the
                 // clock_task the agent read.
-                let Some(clock) = n.tasks.iter().find(|l| l.cpu == cpu as u32).map(|l| l.clock_task) else {
+                let Some(clock) = n
+                    .tasks
+                    .iter()
+                    .find(|l| l.cpu == cpu as u32)
+                    .map(|l| l.clock_task)
+                else {
                     ok = false;
                     worst = f64::INFINITY;
                     continue;
