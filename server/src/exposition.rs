@@ -201,7 +201,7 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
 
 /// The metrics rendered here rather than by the recorder (the recorder
 /// never holds them, so each family appears once).
-pub const STORE_RENDERED: [&str; 13] = [
+pub const STORE_RENDERED: [&str; 14] = [
     m::NODES,
     m::CLAIMS_OUTSTANDING,
     m::LEASES_OUTSTANDING,
@@ -215,6 +215,7 @@ pub const STORE_RENDERED: [&str; 13] = [
     m::NODE_CACHE_PROCESSES,
     m::NODE_CACHE_TASKS_PREF,
     m::NODE_CACHE_TASKS_ON_PREF,
+    m::NODE_SIGNAL_SOURCE,
 ];
 
 /// Appends the store's series (families with HELP and TYPE even without
@@ -284,6 +285,12 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
                 );
             }
         }
+        let _ = writeln!(
+            fam[13],
+            "{}{{node=\"{node}\",source=\"{}\"}} 1",
+            m::NODE_SIGNAL_SOURCE,
+            signal_source_label(n.signal_source.load(std::sync::atomic::Ordering::Relaxed))
+        );
         // Only nodes that report runtime have cache-aware series.
         if let Some((procs, with, on)) = store.cache_gauges(n) {
             let _ = writeln!(
@@ -319,6 +326,18 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
         let _ = writeln!(out, "# TYPE {name} {kind}");
         out.push_str(samples);
         out.push('\n');
+    }
+}
+
+/// The `source` label of [`m::NODE_SIGNAL_SOURCE`].
+fn signal_source_label(source: i32) -> &'static str {
+    use fairplace_proto::v1::SignalSource as S;
+    match S::try_from(source) {
+        Ok(S::Procfs) => "procfs",
+        Ok(S::SchedDebug) => "sched_debug",
+        Ok(S::Bpf) => "bpf",
+        Ok(S::Simulated) => "simulated",
+        Ok(S::Unspecified) | Err(_) => "unspecified",
     }
 }
 
@@ -411,7 +430,11 @@ mod tests {
         store.apply(&a, g, &full(4), now).unwrap();
         a.count_decision(Kind::Wakeup);
         a.count_decision(Kind::Wakeup);
-        store.register("b", vec![], "t".into(), spec(2, 1)).unwrap();
+        let (b, _) = store.register("b", vec![], "t".into(), spec(2, 1)).unwrap();
+        b.signal_source.store(
+            fairplace_proto::v1::SignalSource::SchedDebug as i32,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let mut text = String::new();
         render_store(Some(&store), now, &mut text);
         let s = samples(&text);
@@ -422,6 +445,8 @@ mod tests {
             "fairplace_node_llc_util{node=\"a\\\"1\",llc=\"1\"} 0",
             "fairplace_node_decisions_total{node=\"a\\\"1\",kind=\"wakeup\"} 2",
             "fairplace_node_idle_cpus{node=\"b\"} 2",
+            "fairplace_node_signal_source{node=\"a\\\"1\",source=\"unspecified\"} 1",
+            "fairplace_node_signal_source{node=\"b\",source=\"sched_debug\"} 1",
         ] {
             assert!(s.contains(&want), "{want} missing:\n{text}");
         }

@@ -42,6 +42,7 @@ pub const CACHE_PREF_CHANGES: &str = "fairplace_cache_preference_changes_total";
 pub const NODE_CACHE_PROCESSES: &str = "fairplace_node_cache_processes_preferring";
 pub const NODE_CACHE_TASKS_PREF: &str = "fairplace_node_cache_tasks_with_preference";
 pub const NODE_CACHE_TASKS_ON_PREF: &str = "fairplace_node_cache_tasks_on_preferred_llc";
+pub const NODE_SIGNAL_SOURCE: &str = "fairplace_node_signal_source";
 pub const CLAIMS_BY_CALLER: &str = "fairplace_claims_total";
 pub const TLS_HANDSHAKE_FAILURES: &str = "fairplace_tls_handshake_failures_total";
 pub const TLS_RELOADS: &str = "fairplace_tls_reloads_total";
@@ -54,7 +55,7 @@ pub const LEASES_ENDED: &str = "fairplace_leases_ended_total";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 45] = [
+pub const ALL: [(&str, &str, &str); 46] = [
     (
         DECISIONS,
         "counter",
@@ -234,6 +235,11 @@ pub const ALL: [(&str, &str, &str); 45] = [
         NODE_CACHE_TASKS_ON_PREF,
         "gauge",
         "Reported runnable tasks queued on their process's preferred LLC, by node.",
+    ),
+    (
+        NODE_SIGNAL_SOURCE,
+        "gauge",
+        "1 for the source a node's agent reads its signals from (procfs, sched_debug, bpf, simulated, unspecified), by node.",
     ),
     (
         CLAIMS_BY_CALLER,

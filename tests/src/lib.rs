@@ -235,6 +235,7 @@ impl Reporter {
                     .collect(),
                 topology: Some(topology),
                 agent_version: "test".into(),
+                ..Default::default()
             })),
         })
         .await
@@ -262,7 +263,6 @@ impl Reporter {
             seq,
             full,
             cpus,
-            agent_time_ns: 0,
             node_id: node_id.into(),
             ..Default::default()
         })

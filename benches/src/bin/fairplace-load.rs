@@ -394,6 +394,7 @@ async fn register_labelled(
             labels,
             topology: Some(topology(cpus)),
             agent_version: "load".into(),
+            ..Default::default()
         })),
     })
     .await
@@ -413,7 +414,6 @@ fn update(seq: u64, full: bool, cpus: Vec<pb::CpuState>) -> pb::AgentMessage {
             seq,
             full,
             cpus,
-            agent_time_ns: 0,
             node_id: String::new(),
             ..Default::default()
         })),
@@ -1181,6 +1181,7 @@ async fn cache(server: &Server, reports: u32) {
             labels: Default::default(),
             topology: Some(topology_512()),
             agent_version: "load".into(),
+            ..Default::default()
         })),
     })
     .await

@@ -11,9 +11,13 @@
 //! after that ([`limits`]), so a refusal never stops the reports.
 
 pub mod apply;
+pub mod exact;
 pub mod limits;
 pub mod pelt;
 pub mod procfs;
+mod report;
+pub mod sched_debug;
+pub mod signal;
 pub mod sysfs;
 pub mod tasks;
 #[cfg(test)]
@@ -23,10 +27,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use fairplace_proto::v1 as pb;
-use pb::agent_message::Body;
-use pb::agent_service_client::AgentServiceClient;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 
 /// Runnable tasks per CPU and runtime per process, from one sample.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -44,6 +45,26 @@ pub trait Source: Send + 'static {
     /// The tasks of the sample just taken; `None`: this source reports none.
     fn sample_tasks(&mut self) -> Option<TaskReport> {
         None
+    }
+    /// Where the signals come from, sent with the registration.
+    fn signal_source(&self) -> pb::SignalSource {
+        pb::SignalSource::Unspecified
+    }
+}
+
+/// A reader chosen at run time ([`signal::open`]).
+impl Source for Box<dyn Source> {
+    fn topology(&self) -> pb::Topology {
+        (**self).topology()
+    }
+    fn sample(&mut self) -> Vec<pb::CpuState> {
+        (**self).sample()
+    }
+    fn sample_tasks(&mut self) -> Option<TaskReport> {
+        (**self).sample_tasks()
+    }
+    fn signal_source(&self) -> pb::SignalSource {
+        (**self).signal_source()
     }
 }
 
@@ -160,6 +181,10 @@ impl Machine {
 }
 
 impl Source for Machine {
+    fn signal_source(&self) -> pb::SignalSource {
+        pb::SignalSource::Procfs
+    }
+
     fn topology(&self) -> pb::Topology {
         pb::Topology {
             cpus: self
@@ -408,6 +433,10 @@ impl Simulated {
 }
 
 impl Source for Simulated {
+    fn signal_source(&self) -> pb::SignalSource {
+        pb::SignalSource::Simulated
+    }
+
     fn topology(&self) -> pb::Topology {
         let per_node = self.cores_per_node * self.smt;
         pb::Topology {
@@ -534,7 +563,7 @@ pub async fn stream<S: Source>(
             return;
         }
         let connects = stats.borrow().connects;
-        match run_once(&cfg, &mut source, &mut seq, &mut shed, &mut stop, &stats).await {
+        match report::run_once(&cfg, &mut source, &mut seq, &mut shed, &mut stop, &stats).await {
             Ok(()) => return,
             Err(e) => {
                 metrics::counter!("fairplace_agent_reconnects_total").increment(1);
@@ -559,210 +588,10 @@ pub async fn stream<S: Source>(
     }
 }
 
-/// The task lists to send: all with a full update; otherwise every CPU
-/// with tasks (their clock moves on) and every CPU whose list emptied.
-fn task_lists(
-    full: bool,
-    last: Option<&[pb::CpuTasks]>,
-    now: &[pb::CpuTasks],
-) -> Vec<pb::CpuTasks> {
-    match last {
-        Some(prev) if !full && prev.len() == now.len() => now
-            .iter()
-            .zip(prev)
-            .filter(|(a, b)| !a.tasks.is_empty() || !b.tasks.is_empty())
-            .map(|(a, _)| a.clone())
-            .collect(),
-        _ => now.to_vec(),
-    }
-}
-
 fn seed_from(s: &str) -> u64 {
     s.bytes().fold(0x9e3779b97f4a7c15u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100000001b3)
     }) | 1
-}
-
-async fn run_once<S: Source>(
-    cfg: &StreamConfig,
-    source: &mut S,
-    seq: &mut u64,
-    shed: &mut limits::Shedding,
-    stop: &mut watch::Receiver<bool>,
-    stats: &watch::Sender<StreamStats>,
-) -> Result<(), String> {
-    let channel = cfg
-        .tls
-        .endpoint(&cfg.server)?
-        .connect_timeout(Duration::from_secs(3))
-        // Notice a silently dropped connection and reconnect.
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(true)
-        .connect()
-        .await
-        .map_err(|e| format!("connect: {e}: {}", crate::source_chain(&e)))?;
-    let mut client = AgentServiceClient::new(channel)
-        .max_decoding_message_size(16 << 20)
-        .max_encoding_message_size(16 << 20);
-    let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
-    let topology = source.topology();
-    let nr_cpus = topology.cpus.len();
-    tx.send(pb::AgentMessage {
-        body: Some(Body::Register(pb::Register {
-            node_id: cfg.node_id.clone(),
-            labels: cfg.labels.iter().cloned().collect(),
-            topology: Some(topology),
-            agent_version: env!("CARGO_PKG_VERSION").to_string(),
-        })),
-    })
-    .await
-    .map_err(|e| e.to_string())?;
-    let mut acks = client
-        .report(ReceiverStream::new(rx))
-        .await
-        .map_err(|e| format!("report: {e}"))?
-        .into_inner();
-    match acks.message().await {
-        Ok(Some(_)) => {}
-        Ok(None) => return Err("the server closed the stream at registration".into()),
-        Err(s) => return Err(format!("registration refused: {}", s.message())),
-    }
-    stats.send_modify(|s| s.connects += 1);
-    // Leases the server sends to apply here (it re-sends the live ones now).
-    let mut applier = apply::Applier::default();
-    let mut last: Option<Vec<pb::CpuState>> = None;
-    let mut last_tasks: Option<Vec<pb::CpuTasks>> = None;
-    let mut need_full = true;
-    let mut tick = tokio::time::interval(cfg.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            changed = stop.changed() => {
-                // A dropped stop sender means stop too.
-                if changed.is_err() || *stop.borrow() { return Ok(()); }
-            }
-            ack = acks.message() => match ack {
-                Ok(Some(a)) if apply::is_push(&a) => {
-                    for m in applier.on_push(&a) {
-                        tx.send(m).await.map_err(|_| "the stream closed".to_string())?;
-                    }
-                }
-                Ok(Some(a)) => {
-                    if let Some(r) = &a.rejection {
-                        metrics::counter!("fairplace_agent_rejections_total", "reason" => r.reason.clone()).increment(1);
-                        stats.send_modify(|s| s.rejections += 1);
-                        match shed.rejected(&r.reason, &r.message) {
-                            Some(v) if v.first => tracing::warn!(
-                                node = %cfg.node_id, reason = %r.reason, message = %r.message, part = v.part.name(),
-                                "update rejected: the next update goes without this part and later ones cut it further \
-                                 (further rejections of it are logged at debug level)"
-                            ),
-                            Some(v) => tracing::debug!(node = %cfg.node_id, reason = %r.reason, message = %r.message, part = v.part.name(), "update rejected"),
-                            None => tracing::debug!(node = %cfg.node_id, reason = %r.reason, message = %r.message, "update rejected; resyncing"),
-                        }
-                        // The server kept its old state of those CPUs: a
-                        // full snapshot (without the refused part) puts
-                        // both sides in step again.
-                        need_full = true;
-                    } else {
-                        shed.applied();
-                    }
-                    if a.resync_required {
-                        need_full = true;
-                    }
-                    stats.send_modify(|s| s.last_ack_seq = a.applied_seq);
-                }
-                Ok(None) => return Err("the server closed the stream".into()),
-                Err(s) => return Err(format!("stream: {}", s.message())),
-            },
-            _ = tick.tick() => {
-                for m in applier.check_targets() {
-                    tx.send(m).await.map_err(|_| "the stream closed".to_string())?;
-                }
-                let t0 = Instant::now();
-                let now = source.sample();
-                metrics::histogram!("fairplace_agent_read_duration_seconds").record(t0.elapsed().as_secs_f64());
-                let (full, cpus) = match (&last, need_full) {
-                    (Some(prev), false) if prev.len() == now.len() => {
-                        (false, now.iter().zip(prev).filter(|(a, b)| a != b).map(|(a, _)| *a).collect::<Vec<_>>())
-                    }
-                    _ => (true, now.clone()),
-                };
-                let report = source.sample_tasks();
-                let skip_tasks = shed.take_skip(limits::Part::Tasks);
-                let skip_runtime = shed.take_skip(limits::Part::Runtime);
-                let (tasks, runtime) = match report {
-                    Some(mut r) => {
-                        let caps = shed.caps(limits::Caps::server(nr_cpus));
-                        let cut = limits::fit(&mut r, nr_cpus, &caps);
-                        if cut.tasks > 0 {
-                            metrics::counter!("fairplace_agent_capped_total", "part" => "tasks").increment(cut.tasks as u64);
-                        }
-                        if cut.runtime > 0 {
-                            metrics::counter!("fairplace_agent_capped_total", "part" => "runtime").increment(cut.runtime as u64);
-                        }
-                        for (skip, part) in [(skip_tasks, "tasks"), (skip_runtime, "runtime")] {
-                            if skip {
-                                metrics::counter!("fairplace_agent_parts_left_out_total", "part" => part).increment(1);
-                            }
-                        }
-                        let lists = if skip_tasks {
-                            // A full update without lists empties the
-                            // server's; the next update sends them all.
-                            last_tasks = None;
-                            Vec::new()
-                        } else {
-                            let lists = task_lists(full, last_tasks.as_deref(), &r.cpus);
-                            last_tasks = Some(r.cpus);
-                            lists
-                        };
-                        (lists, if skip_runtime { Vec::new() } else { r.runtime })
-                    }
-                    None => (Vec::new(), Vec::new()),
-                };
-                *seq += 1;
-                let n = cpus.len() as u64;
-                let msg = pb::AgentMessage {
-                    body: Some(Body::Update(pb::Update {
-                        seq: *seq,
-                        full,
-                        cpus,
-                        agent_time_ns: 0,
-                        node_id: cfg.node_id.clone(),
-                        tasks,
-                        runtime,
-                    })),
-                };
-                let mut msg = msg;
-                if prost::Message::encoded_len(&msg) > cfg.max_message_bytes
-                    && let Some(Body::Update(u)) = msg.body.as_mut()
-                {
-                    tracing::warn!(node = %cfg.node_id, tasks = u.tasks.len(), "update too big for the server: sent without task lists");
-                    metrics::counter!("fairplace_agent_task_lists_dropped_total").increment(1);
-                    u.tasks.clear();
-                    // The server keeps its old lists; the next full update resends them.
-                    last_tasks = None;
-                }
-                if prost::Message::encoded_len(&msg) > cfg.max_message_bytes
-                    && let Some(Body::Update(u)) = msg.body.as_mut()
-                {
-                    tracing::warn!(node = %cfg.node_id, runtime = u.runtime.len(), "update too big for the server: sent without runtime");
-                    u.runtime.clear();
-                }
-                let t1 = Instant::now();
-                tokio::select! {
-                    r = tx.send(msg) => r.map_err(|_| "the stream closed".to_string())?,
-                    _ = stop.changed() => return Ok(()),
-                }
-                metrics::histogram!("fairplace_agent_send_duration_seconds").record(t1.elapsed().as_secs_f64());
-                metrics::counter!("fairplace_agent_updates_sent_total", "kind" => if full { "full" } else { "delta" }).increment(1);
-                stats.send_modify(|s| { s.updates_sent += 1; s.cpus_sent += n; });
-                need_full = false;
-                last = Some(now);
-            }
-        }
-    }
 }
 
 #[cfg(test)]

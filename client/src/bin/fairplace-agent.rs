@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use fairplace_client::agent::{Machine, Simulated, StreamConfig, StreamStats, stream};
+use fairplace_client::agent::{Simulated, Source, StreamConfig, StreamStats, signal, stream};
 use tokio::sync::watch;
 
 #[derive(Parser)]
@@ -26,7 +26,8 @@ struct Args {
     /// Placement labels, KEY=VALUE (repeatable), e.g. zone=eu-1a.
     #[arg(long = "label")]
     labels: Vec<String>,
-    /// Time between reports (ms).
+    /// Time between reports (ms); 100 is supported (deltas carry only the
+    /// CPUs whose signals moved).
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
     /// Run N synthetic nodes instead of reading this machine.
@@ -39,8 +40,8 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     simulate_churn_pct: u32,
     /// Runnable tasks reported per CPU, biggest load first, for load
-    /// balancing (0: report no tasks). Each report then reads every
-    /// thread's /proc sched file.
+    /// balancing (0: report no tasks). With sched/debug, /proc is read
+    /// only for the runnable threads; with procfs, every thread's.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(0..=1024))]
     task_cap: u64,
     /// Simulated nodes report task lists matching their runqueues.
@@ -64,6 +65,21 @@ struct Args {
     /// procfs root.
     #[arg(long, default_value = "/proc")]
     proc_root: String,
+    /// Where per-CPU signals come from: auto (sched-debug if readable,
+    /// else procfs, with a log line saying why), sched-debug (the kernel's
+    /// own values; root and debugfs, mounted read-only if it is not), or
+    /// procfs (approximate).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "sched-debug", "procfs"])]
+    signal_source: String,
+    /// CPU budget of sched/debug reads, % of one core: the kernel walks
+    /// every thread to print the file (about 1 µs each), so with many
+    /// threads and a short interval some ticks send the last state instead
+    /// of reading (0: read every tick).
+    #[arg(long, default_value_t = 3.5)]
+    read_budget_pct: f64,
+    /// The kernel's sched/debug file.
+    #[arg(long, default_value = "/sys/kernel/debug/sched/debug")]
+    sched_debug_path: String,
 }
 
 fn hostname() -> String {
@@ -117,6 +133,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             metrics::Unit::Seconds,
             "Time to hand one update to the stream."
         );
+        metrics::describe_counter!(
+            "fairplace_agent_reads_skipped_total",
+            "Ticks that sent the last state instead of reading sched/debug (read budget spent)."
+        );
         metrics::describe_histogram!(
             "fairplace_agent_read_duration_seconds",
             metrics::Unit::Seconds,
@@ -161,9 +181,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tracing::info!(nodes = n, cpus = a.simulate_cpus, "simulating");
         }
         None => {
-            let m = Machine::new(a.sys_root.clone().into(), a.proc_root.clone().into())?
-                .with_task_cap(a.task_cap as usize);
-            tracing::info!(node = %base, cpus = m.nr_cpus(), "reading this machine");
+            let paths = signal::Paths {
+                sys: a.sys_root.clone().into(),
+                proc: a.proc_root.clone().into(),
+                sched_debug: a.sched_debug_path.clone().into(),
+            };
+            let m = signal::open(
+                a.signal_source.parse()?,
+                &paths,
+                a.task_cap as usize,
+                a.read_budget_pct,
+            )?;
+            tracing::info!(
+                node = %base,
+                cpus = m.topology().cpus.len(),
+                signals = signal::name(m.signal_source() as i32),
+                "reading this machine"
+            );
             let (st, _) = watch::channel(StreamStats::default());
             tasks.push(tokio::spawn(stream(
                 cfg(base.clone()),

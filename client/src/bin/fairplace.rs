@@ -694,7 +694,8 @@ async fn nodes_cmd(cli: &Cli) -> Result<(), String> {
                 "{}",
                 json!({"id": n.id, "labels": n.labels, "cpus": n.cpus, "online_cpus": n.online_cpus,
                     "idle_cpus": n.idle_cpus, "age_seconds": n.age_seconds, "fresh": n.fresh,
-                    "connected": n.connected, "state_version": n.state_version})
+                    "connected": n.connected, "state_version": n.state_version,
+                    "signal_source": signal_name(n.signal_source), "exact_signals": n.exact_signals})
             );
         }
     } else {
@@ -712,6 +713,7 @@ async fn nodes_cmd(cli: &Cli) -> Result<(), String> {
                     format!("{:.2}", n.age_seconds),
                     if n.fresh { "fresh" } else { "stale" }.into(),
                     if n.connected { "yes" } else { "no" }.into(),
+                    signal_name(n.signal_source).into(),
                     labels.join(","),
                 ]
             })
@@ -720,7 +722,8 @@ async fn nodes_cmd(cli: &Cli) -> Result<(), String> {
             "{}",
             render(
                 &[
-                    "node", "cpus", "online", "idle", "age_s", "state", "agent", "labels"
+                    "node", "cpus", "online", "idle", "age_s", "state", "agent", "signals",
+                    "labels"
                 ],
                 &rows
             )
@@ -741,12 +744,16 @@ async fn node_cmd(cli: &Cli, args: &NodeArgs) -> Result<(), String> {
             .map(|s| {
                 json!({"id": s.id, "online": s.online, "nr_running": s.nr_running,
                 "h_nr_idle": s.h_nr_idle, "util_avg": s.util_avg, "load_avg": s.load_avg,
+                "runnable_avg": s.runnable_avg, "util_est": s.util_est, "nr_delayed": s.nr_delayed,
+                "cfs_h_nr_queued": s.cfs_h_nr_queued, "idle_stamp": s.idle_stamp,
                 "idle_exit_latency": s.idle_exit_latency})
             })
             .collect();
         println!(
             "{}",
             json!({"id": id, "last_seq": n.last_seq, "agent_version": n.agent_version,
+            "signal_source": n.summary.as_ref().map(|s| signal_name(s.signal_source)),
+            "exact_signals": n.summary.as_ref().map(|s| s.exact_signals),
             "claims": n.claims, "cpus": cpus, "leases": lease_json(&n.leases)})
         );
     } else {
@@ -768,7 +775,17 @@ async fn node_cmd(cli: &Cli, args: &NodeArgs) -> Result<(), String> {
                 ]
             })
             .collect();
-        println!("node {id}: agent {} seq {}", n.agent_version, n.last_seq);
+        let (source, exact) = n
+            .summary
+            .as_ref()
+            .map_or((0, false), |s| (s.signal_source, s.exact_signals));
+        println!(
+            "node {id}: agent {} seq {} signals {} ({})",
+            n.agent_version,
+            n.last_seq,
+            signal_name(source),
+            if exact { "exact" } else { "approximate" }
+        );
         print!(
             "{}",
             render(
@@ -869,4 +886,9 @@ async fn decide_cmd(cli: &Cli, args: &DecideArgs) -> Result<(), String> {
         return Err(format!("{bad} scenario(s) were invalid"));
     }
     Ok(())
+}
+
+/// A node's signal source as `fairplace nodes` and `fairplace node` print it.
+fn signal_name(source: i32) -> &'static str {
+    fairplace_client::agent::signal::name(source)
 }

@@ -97,9 +97,19 @@ pub fn summary(
         fresh: store.is_fresh(s, now),
         connected: n.connected.load(Ordering::SeqCst),
         state_version: s.version,
+        signal_source: n.signal_source.load(Ordering::Relaxed),
+        exact_signals: signal_source_is_exact(n.signal_source.load(Ordering::Relaxed)),
         leases: leases.len() as u32,
         leased_cpus: leases.iter().map(|l| l.cpus.weight() as u32).sum(),
     }
+}
+
+/// The kernel's own values rather than estimates.
+pub fn signal_source_is_exact(source: i32) -> bool {
+    matches!(
+        pb::SignalSource::try_from(source),
+        Ok(pb::SignalSource::SchedDebug | pb::SignalSource::Bpf)
+    )
 }
 
 fn features_pb(f: &Features, overridden: Vec<String>) -> pb::Features {

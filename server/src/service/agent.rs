@@ -53,7 +53,12 @@ fn register(
     let spec = convert::topology_spec(reg.topology.as_ref(), "register.topology")?;
     let mut labels: Vec<(String, String)> = reg.labels.into_iter().collect();
     labels.sort();
-    store.register(&reg.node_id, labels, reg.agent_version, spec)
+    let source = pb::SignalSource::try_from(reg.signal_source)
+        .unwrap_or(pb::SignalSource::Unspecified) as i32;
+    let (node, generation) = store.register(&reg.node_id, labels, reg.agent_version, spec)?;
+    node.signal_source
+        .store(source, std::sync::atomic::Ordering::Relaxed);
+    Ok((node, generation))
 }
 
 /// A frame the transport could not hand over: too large, or undecodable.

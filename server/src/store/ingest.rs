@@ -132,6 +132,7 @@ impl Store {
             id: id.to_string(),
             labels,
             agent_version,
+            signal_source: Default::default(),
             spec,
             snap: ArcSwap::from_pointee(Snapshot {
                 version: 1,

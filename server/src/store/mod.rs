@@ -193,6 +193,9 @@ pub struct Node {
     pub id: String,
     pub labels: Vec<(String, String)>,
     pub agent_version: String,
+    /// Where the agent reads its signals (`pb::SignalSource` as i32; 0 =
+    /// not said), set by the agent service after each registration.
+    pub signal_source: std::sync::atomic::AtomicI32,
     pub spec: Arc<TopologySpec>,
     snap: ArcSwap<Snapshot>,
     writer: Mutex<Writer>,
