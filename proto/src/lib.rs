@@ -6,6 +6,19 @@ pub mod codec;
 
 pub mod v1 {
     tonic::include_proto!("fairplace.v1");
+
+    /// A NUMA distance matrix as `Topology.numa_distance` carries it (none:
+    /// no rows), for every side that sends a topology.
+    pub fn distance_rows(d: Option<&Vec<Vec<u32>>>) -> Vec<DistanceRow> {
+        d.map(|d| {
+            d.iter()
+                .map(|r| DistanceRow {
+                    distance: r.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+    }
 }
 
 /// The encoded file descriptor set of every fairplace .proto, for reflection.

@@ -334,23 +334,8 @@ impl Exact {
                 }
                 *per_group.entry(th.tgid).or_default() += 1;
                 samples.push(TaskSample {
-                    tid: t.tid,
-                    pid: th.tgid,
-                    cpu: c.cpu,
-                    state: t.state,
-                    policy: 0,
-                    nice: 0,
-                    kernel_thread: false,
-                    cpus_allowed: String::new(),
-                    nr_cpus_allowed: 0,
-                    nr_threads: 0,
-                    load_avg: 0,
-                    util_avg: 0,
-                    runnable_avg: 0,
-                    util_est: 0,
-                    exec_start_ns: 0,
                     sum_exec_runtime_ns: t.sum_exec_ns,
-                    running: false,
+                    ..TaskSample::bare(t.tid, th.tgid, c.cpu, t.state)
                 });
             }
         }

@@ -200,18 +200,7 @@ impl Source for Machine {
                     capacity: c.capacity,
                 })
                 .collect(),
-            numa_distance: self
-                .topo
-                .numa_distance
-                .as_ref()
-                .map(|d| {
-                    d.iter()
-                        .map(|r| pb::DistanceRow {
-                            distance: r.clone(),
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
+            numa_distance: pb::distance_rows(self.topo.numa_distance.as_ref()),
         }
     }
 

@@ -383,7 +383,7 @@ fn parse_signed_i32(s: &str) -> Option<i32> {
 }
 
 /// Strict decimal: no sign, no spaces (`str::parse` would accept "+1").
-fn parse_digits<T: std::str::FromStr>(s: &str) -> Option<T> {
+pub(crate) fn parse_digits<T: std::str::FromStr>(s: &str) -> Option<T> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }

@@ -24,6 +24,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::procfs::parse_digits;
+
 /// One logical CPU as the placement server sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuTopo {
@@ -138,7 +140,7 @@ pub fn idle_exit_latency(sys: &Path, cpu: u32) -> Option<u32> {
     let names = read_dir_names_opt(&dir).ok()??;
     let mut states: Vec<u32> = names
         .iter()
-        .filter_map(|n| n.strip_prefix("state").and_then(parse_digits))
+        .filter_map(|n| n.strip_prefix("state").and_then(parse_digits::<u32>))
         .collect();
     states.sort_unstable();
     for k in states.into_iter().rev() {
@@ -304,7 +306,7 @@ fn read_cache_llc(cache: &Path) -> io::Result<Option<u32>> {
     // (level, index, lowest sharing CPU)
     let mut best: Option<(u32, u32, u32)> = None;
     for name in names {
-        let Some(k) = name.strip_prefix("index").and_then(parse_digits) else {
+        let Some(k) = name.strip_prefix("index").and_then(parse_digits::<u32>) else {
             continue;
         };
         let d = cache.join(&name);
@@ -345,7 +347,7 @@ fn node_ids(sys: &Path) -> io::Result<Vec<u32>> {
     let mut ids: Vec<u32> = read_dir_names_opt(&sys.join("node"))?
         .unwrap_or_default()
         .iter()
-        .filter_map(|n| n.strip_prefix("node").and_then(parse_digits))
+        .filter_map(|n| n.strip_prefix("node").and_then(parse_digits::<u32>))
         .collect();
     ids.sort_unstable();
     Ok(ids)
@@ -356,7 +358,7 @@ fn node_link(cpu_dir: &Path) -> io::Result<Option<u32>> {
     Ok(read_dir_names_opt(cpu_dir)?
         .unwrap_or_default()
         .iter()
-        .filter_map(|n| n.strip_prefix("node").and_then(parse_digits))
+        .filter_map(|n| n.strip_prefix("node").and_then(parse_digits::<u32>))
         .min())
 }
 
@@ -576,13 +578,6 @@ fn read_dir_names_opt(dir: &Path) -> io::Result<Option<Vec<String>>> {
         }
     }
     Ok(Some(names))
-}
-
-fn parse_digits(s: &str) -> Option<u32> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
 }
 
 #[cfg(test)]

@@ -68,6 +68,32 @@ pub struct TaskSample {
     pub running: bool,
 }
 
+impl TaskSample {
+    /// A thread known only by its ids, CPU and state; every signal 0, to be
+    /// filled by whichever reader knows it.
+    pub fn bare(tid: u32, pid: u32, cpu: u32, state: char) -> Self {
+        TaskSample {
+            tid,
+            pid,
+            cpu,
+            state,
+            policy: 0,
+            nice: 0,
+            kernel_thread: false,
+            cpus_allowed: String::new(),
+            nr_cpus_allowed: 0,
+            nr_threads: 0,
+            load_avg: 0,
+            util_avg: 0,
+            runnable_avg: 0,
+            util_est: 0,
+            exec_start_ns: 0,
+            sum_exec_runtime_ns: 0,
+            running: false,
+        }
+    }
+}
+
 /// Every thread of every process under `proc_root`
 /// (`[0-9]*/task/[0-9]*/{stat,sched,status}`).
 ///
@@ -492,25 +518,7 @@ mod tests {
 
     /// A sample with only the fields the pure functions look at set.
     fn sample(pid: u32, tid: u32, cpu: u32) -> TaskSample {
-        TaskSample {
-            tid,
-            pid,
-            cpu,
-            state: 'R',
-            policy: 0,
-            nice: 0,
-            kernel_thread: false,
-            cpus_allowed: String::new(),
-            nr_cpus_allowed: 0,
-            nr_threads: 0,
-            load_avg: 0,
-            util_avg: 0,
-            runnable_avg: 0,
-            util_est: 0,
-            exec_start_ns: 0,
-            sum_exec_runtime_ns: 0,
-            running: false,
-        }
+        TaskSample::bare(tid, pid, cpu, 'R')
     }
 
     fn tids(queue: &[TaskSample]) -> Vec<u32> {

@@ -6,8 +6,8 @@ use crate::engine::cpumask::CpuMask;
 use crate::engine::ctx::Ctx;
 use crate::engine::decision::Path;
 use crate::engine::group::{
-    DstDomain, NumaPref, SgLbStats, finish_wakeup_stats, leave_local_group, update_pick_idlest,
-    wakeup_stats,
+    DstDomain, GroupType, NumaPref, SgLbStats, finish_wakeup_stats, leave_local_group,
+    update_pick_idlest, wakeup_stats,
 };
 use crate::engine::state::GroupSum;
 use crate::engine::topology::{Domain, SpanId, sd};
@@ -107,7 +107,10 @@ impl Ctx<'_> {
     ) -> Option<SpanId> {
         let numa = d.has(sd::NUMA);
         let (mut allowed, mut pref) = (0, NumaPref::None);
-        if numa {
+        // Only the has-spare comparison on a NUMA domain reads these.
+        let spare =
+            local.group_type == GroupType::HasSpare && idlest_sgs.group_type == GroupType::HasSpare;
+        if numa && spare {
             let nid = self.p.numa_preferred_nid;
             if nid >= 0 {
                 let first = self.topo.span(idlest).first().expect("non-empty group");

@@ -57,17 +57,7 @@ pub fn topology_to_pb(spec: &TopologySpec) -> pb::Topology {
                 capacity: c.capacity,
             })
             .collect(),
-        numa_distance: spec
-            .numa_distance
-            .as_ref()
-            .map(|d| {
-                d.iter()
-                    .map(|r| pb::DistanceRow {
-                        distance: r.clone(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
+        numa_distance: pb::distance_rows(spec.numa_distance.as_ref()),
     }
 }
 
