@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
-use crate::engine::features::{Features, SERVICE_ONLY, System};
+use crate::engine::features::{Features, Kernel, SERVICE_ONLY, System};
 use crate::engine::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::state::{CpuState, NodeState, Policy, SharedHint, Task};
 use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, TopologySpec};
@@ -297,6 +297,7 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
         &[
             "version",
             "name",
+            "kernel",
             "generator",
             "features",
             "system",
@@ -323,7 +324,8 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
         return Err(FieldError::new("generator", "must be an object"));
     }
 
-    let features = parse_features(top.map.get("features"))?;
+    let kernel = parse_kernel(top.map.get("kernel"))?;
+    let features = parse_features(top.map.get("features"), kernel)?;
     let system = parse_system(top.map.get("system"))?;
     let spec = parse_topology(
         top.map
@@ -340,6 +342,12 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
         }
     }
     let topology = Topology::build(&spec, &online, system.node_reclaim_distance)?;
+    if kernel == Kernel::V6_12 && top.map.contains_key("asym") {
+        return Err(FieldError::new(
+            "asym",
+            "Linux 6.12 has no asymmetric-capacity shared object (kernel \"6.12\")",
+        ));
+    }
     let hints = parse_hints(top.map.get("llc"), top.map.get("asym"), &topology)?;
     let state = NodeState::new(&topology, cpus, &hints, &features);
 
@@ -396,8 +404,25 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
     })
 }
 
-fn parse_features(v: Option<&Value>) -> Result<Features, FieldError> {
-    let mut f = Features::default();
+/// The kernel profile (section 13): `"mainline"` (default) or `"6.12"`.
+fn parse_kernel(v: Option<&Value>) -> Result<Kernel, FieldError> {
+    match v {
+        None => Ok(Kernel::Mainline),
+        Some(Value::String(s)) if s != "" => Kernel::from_name(s).ok_or_else(|| {
+            FieldError::new(
+                "kernel",
+                format!("{} is not one of \"mainline\", \"6.12\"", quote(s)),
+            )
+        }),
+        Some(_) => Err(FieldError::new(
+            "kernel",
+            "must be \"mainline\" or \"6.12\"",
+        )),
+    }
+}
+
+fn parse_features(v: Option<&Value>, kernel: Kernel) -> Result<Features, FieldError> {
+    let mut f = Features::for_kernel(kernel);
     let Some(v) = v else { return Ok(f) };
     let map = v
         .as_object()

@@ -19,6 +19,7 @@ pub mod sis;
 pub mod slowpath;
 pub mod state;
 pub mod topology;
+pub mod v6_12;
 
 pub use self::core::select_task_rq;
 pub use ctx::View;
