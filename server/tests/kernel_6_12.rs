@@ -233,3 +233,45 @@ fn a_bad_kernel_name_is_refused_naming_the_field() {
         assert!(e.starts_with("kernel"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn a_node_registered_with_6_12_decides_with_the_profile() {
+    use fairplace::engine::features::Kernel;
+    use fairplace::engine::topology::{CpuTopo, TopologySpec};
+    use fairplace::store::{Store, StoreConfig};
+    let spec = TopologySpec {
+        cpus: (0..4)
+            .map(|i| CpuTopo {
+                core: i,
+                cluster: None,
+                llc: 0,
+                node: 0,
+                capacity: 1024,
+            })
+            .collect(),
+        numa_distance: None,
+    };
+    let store = Store::new(StoreConfig::default());
+    let (node, _) = store
+        .register("n", vec![], "t".into(), spec.clone())
+        .unwrap();
+    assert_eq!(node.snapshot().features.kernel, Kernel::Mainline);
+    store.set_kernel(&node, Kernel::V6_12);
+    let f = node.snapshot().features;
+    assert_eq!(f.kernel, Kernel::V6_12);
+    assert!(!f.skip_sched_idle_for_idle_task && !f.exec_bound_fast_path);
+    // A node override of a switch survives the profile's default.
+    store
+        .set_features(
+            Some(&node),
+            &[("EXEC_BOUND_FAST_PATH".to_string(), true)],
+            false,
+        )
+        .unwrap();
+    let f = node.snapshot().features;
+    assert!(f.exec_bound_fast_path && !f.skip_sched_idle_for_idle_task);
+    assert_eq!(f.kernel, Kernel::V6_12);
+    // Back to mainline: the kernel's defaults again.
+    store.set_kernel(&node, Kernel::Mainline);
+    assert!(node.snapshot().features.skip_sched_idle_for_idle_task);
+}

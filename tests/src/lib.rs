@@ -226,6 +226,7 @@ impl Reporter {
                     .collect(),
                 topology: Some(topology),
                 agent_version: "test".into(),
+                ..Default::default()
             })),
         })
         .await

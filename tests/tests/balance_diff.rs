@@ -189,6 +189,7 @@ async fn engine_pass(ch: &tonic::transport::Channel, node: &Value) -> Result<Vec
             labels: Default::default(),
             topology: Some(topology(node)),
             agent_version: "balance-diff".into(),
+            ..Default::default()
         })),
     })
     .await

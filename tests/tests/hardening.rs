@@ -106,6 +106,7 @@ fn an_oversized_first_frame_ends_the_stream_with_a_reason() {
                 labels: [("blob".to_string(), "x".repeat(64 << 10))].into(),
                 topology: Some(topology(1, 1, 2, 1)),
                 agent_version: "test".into(),
+                ..Default::default()
             })),
         };
         let (_tx, mut acks) = open_stream(&server.grpc, Some(big)).await;

@@ -378,6 +378,7 @@ async fn register_labelled(
             labels,
             topology: Some(topology(cpus)),
             agent_version: "load".into(),
+            ..Default::default()
         })),
     })
     .await
@@ -1158,6 +1159,7 @@ async fn cache(server: &Server, reports: u32) {
             labels: Default::default(),
             topology: Some(topology_512()),
             agent_version: "load".into(),
+            ..Default::default()
         })),
     })
     .await

@@ -613,6 +613,7 @@ async fn run_once<S: Source>(
             labels: cfg.labels.iter().cloned().collect(),
             topology: Some(topology),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            ..Default::default()
         })),
     })
     .await

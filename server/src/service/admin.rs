@@ -96,6 +96,8 @@ pub fn summary(
         fresh: store.is_fresh(s, now),
         connected: n.connected.load(Ordering::SeqCst),
         state_version: s.version,
+        kernel_profile: s.features.kernel.as_str().to_string(),
+        ..Default::default()
     }
 }
 

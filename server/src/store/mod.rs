@@ -34,7 +34,7 @@ use crate::engine::balance::{Balancer, TaskTable};
 use crate::engine::cache::{CacheParams, CacheState, LlcMap};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::Kind;
-use crate::engine::features::{Features, System};
+use crate::engine::features::{Features, Kernel, System};
 use crate::engine::state::{CpuState, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};
 
@@ -161,6 +161,8 @@ struct Writer {
     /// Deltas are refused until a full snapshot arrives.
     needs_full: bool,
     overrides: HashMap<String, bool>,
+    /// The node's kernel profile (`Register.kernel_profile`).
+    kernel: Kernel,
     /// The group path and aggregate this node adds to the cluster sums;
     /// `None` while it is not counted (no state yet, or stale).
     counted: Option<(Vec<String>, NodeAgg)>,
@@ -557,6 +559,7 @@ impl Store {
                 last_seq: 0,
                 needs_full: true,
                 overrides,
+                kernel: Kernel::Mainline,
                 counted: None,
                 listed: false,
             }),
@@ -991,6 +994,19 @@ impl Store {
         Ok(())
     }
 
+    /// Sets a node's kernel profile (from its registration) and republishes
+    /// its state with the profile's features.
+    pub fn set_kernel(&self, node: &Node, kernel: Kernel) {
+        {
+            let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            if w.kernel == kernel && node.snapshot().features.kernel == kernel {
+                return;
+            }
+            w.kernel = kernel;
+        }
+        self.refresh_features(node, None, false);
+    }
+
     fn refresh_features(&self, node: &Node, set: Option<&[(String, bool)]>, clear: bool) {
         let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         if clear {
@@ -1005,11 +1021,28 @@ impl Store {
         for (k, v) in &w.overrides {
             f.set(k, *v);
         }
+        let f = kernel_features(f, w.kernel, &w.overrides);
         let cur = node.snapshot();
         let cpus = base_cpus(&cur, &w);
         let topo = Arc::clone(&cur.topo);
         self.publish(node, &mut w, cpus, topo, f, None, &cur);
     }
+}
+
+/// The features of a node under its kernel profile: under "6.12" the two
+/// switches whose default differs are off unless the node overrides them.
+fn kernel_features(global: Features, kernel: Kernel, overrides: &HashMap<String, bool>) -> Features {
+    let mut f = global;
+    f.kernel = kernel;
+    if kernel == Kernel::V6_12 {
+        let d = Features::for_kernel(kernel);
+        for name in ["SKIP_SCHED_IDLE_FOR_IDLE_TASK", "EXEC_BOUND_FAST_PATH"] {
+            if !overrides.contains_key(name) {
+                f.set(name, d.get(name).unwrap_or(false));
+            }
+        }
+    }
+    f
 }
 
 /// A reported CPU, with an `idle_stamp` if it is idle and came without one.
