@@ -236,8 +236,22 @@ fn setup_trace() {
         let _ = fs::write(format!("{TRACE}/{f}"), v);
     };
     w("buffer_size_kb", "4096");
-    for ev in ["sched_wakeup", "sched_wakeup_new", "sched_migrate_task", "sched_switch"] {
+    for ev in [
+        "sched_wakeup",
+        "sched_wakeup_new",
+        "sched_migrate_task",
+        "sched_switch",
+        "sched_process_exec",
+    ] {
         w(&format!("events/sched/{ev}/enable"), "1");
+    }
+    // rq->idle_stamp is written in sched_balance_newidle(), also when an idle
+    // CPU reschedules to idle again without a context switch (no
+    // sched_switch event): a kprobe there sees every write.
+    w("kprobe_events", "p:fp/newidle sched_balance_newidle");
+    w("events/fp/newidle/enable", "1");
+    if fs::metadata(format!("{TRACE}/events/fp/newidle")).is_err() {
+        println!("NOTE no kprobe on sched_balance_newidle: idle stamps from sched_switch only");
     }
     w("tracing_on", "1");
     // Every CPU runs something once, so each has a recorded idle entry.
@@ -259,14 +273,18 @@ fn drain_trace(clear: bool) -> String {
     }
     let mut last = LAST_IDLE.lock().unwrap();
     for line in t.lines() {
-        if !line.contains(" sched_switch: ") || !line.contains("next_pid=0 ") {
+        let event = if line.contains(" newidle: ") {
+            ": newidle"
+        } else if line.contains(" sched_switch: ") && line.contains("next_pid=0 ") {
+            ": sched_switch"
+        } else {
             continue;
-        }
+        };
         let Some(open) = line.find('[') else { continue };
         let Some(cpu) = line[open + 1..].split(']').next().and_then(|c| c.parse::<usize>().ok()) else {
             continue;
         };
-        let Some(colon) = line.find(": sched_switch") else { continue };
+        let Some(colon) = line.find(event) else { continue };
         let Some(ts) = line[..colon].split_whitespace().last() else { continue };
         let Some((sec, frac)) = ts.split_once('.') else { continue };
         let ns = sec.parse::<u64>().unwrap_or(0) * 1_000_000_000 + frac.parse::<u64>().unwrap_or(0) * 1000;
@@ -281,17 +299,54 @@ fn clear_trace() {
     drain_trace(true);
 }
 
-/// The target CPU of the first `event` line for `pid` in the trace buffer.
-fn traced_target(event: &str, pid: i32) -> Option<usize> {
+/// The target CPU of the first `event` line for `pid` in the trace buffer,
+/// and the staleness of the record (see `stale_cpus`).
+fn traced_target(event: &str, pid: i32) -> (Option<usize>, Vec<usize>) {
     let t = drain_trace(true);
     let pat = format!(" pid={pid} ");
-    for line in t.lines() {
-        if line.contains(&format!(" {event}: ")) && line.contains(&pat) {
-            let i = line.find("target_cpu=")?;
-            return line[i + 11..].trim().parse().ok();
+    let is_answer = |l: &str| l.contains(&format!(" {event}: ")) && l.contains(&pat);
+    let stale = stale_cpus(&t, is_answer);
+    let cpu = t.lines().find(|l| is_answer(l)).and_then(|l| {
+        let i = l.find("target_cpu=")?;
+        l[i + 11..].trim().parse().ok()
+    });
+    (cpu, stale)
+}
+
+/// Marks in the trace the moment the recorded state starts to be read:
+/// anything that changes after it may or may not be in the record.
+fn mark_state_read() {
+    let _ = fs::write(format!("{TRACE}/trace_marker"), "fp-state-read");
+}
+
+/// The CPUs that went idle or left idle between the state read (the marker)
+/// and the kernel's decision (the first line `is_answer` accepts): the record
+/// then shows a state the kernel no longer had. Such records are reported
+/// as stale, not compared.
+fn stale_cpus(t: &str, is_answer: impl Fn(&str) -> bool) -> Vec<usize> {
+    let mut after_mark = false;
+    let mut out = Vec::new();
+    for l in t.lines() {
+        if l.contains("fp-state-read") {
+            after_mark = true;
+            continue;
+        }
+        if is_answer(l) {
+            break;
+        }
+        if after_mark
+            && l.contains(" sched_switch: ")
+            && (l.contains(" prev_pid=0 ") || l.contains(" next_pid=0 "))
+            && let Some(c) = l
+                .find('[')
+                .and_then(|i| l[i + 1..].split(']').next())
+                .and_then(|c| c.parse::<usize>().ok())
+            && !out.contains(&c)
+        {
+            out.push(c);
         }
     }
-    None
+    out
 }
 
 fn pin(pid: i32, cpus: &[usize]) {
@@ -445,6 +500,10 @@ fn cpulist_str(v: &[usize]) -> String {
     v.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
 }
 
+/// A recorded placement: the scenario's body (cpus, task, request), the
+/// kernel's CPU, and the CPUs whose idle state changed before the decision.
+type Record = (String, usize, Vec<usize>);
+
 /// One round: a random spinner load, then up to four placements on it.
 fn round(rng: &mut Lcg, nr: usize, topo: &str, id: &mut usize, left: usize) -> usize {
     pin(0, &(0..nr).collect::<Vec<_>>());
@@ -472,10 +531,10 @@ fn round(rng: &mut Lcg, nr: usize, topo: &str, id: &mut usize, left: usize) -> u
             2 => fork(nr, this, &allowed),
             _ => exec(nr, this, &allowed),
         };
-        if let Some((body, cpu)) = rec {
+        if let Some((body, cpu, stale)) = rec {
             *id += 1;
             println!(
-                "SCN {{\"name\":\"k{id}\",\"kernel\":\"6.12\",\"topology\":{topo},{body},\"expected\":{{\"cpu\":{cpu}}}}}"
+                "SCN {{\"name\":\"k{id}\",\"kernel\":\"6.12\",\"generator\":{{\"stale_cpus\":{stale:?}}},\"topology\":{topo},{body},\"expected\":{{\"cpu\":{cpu}}}}}"
             );
             n += 1;
         }
@@ -494,7 +553,7 @@ fn wakeup(
     this: usize,
     allowed: &[usize],
     sync: bool,
-) -> Option<(String, usize)> {
+) -> Option<Record> {
     let mut allowed = allowed.to_vec();
     let prev = if allowed.is_empty() { rng.below(nr) } else { allowed[rng.below(allowed.len())] };
     if allowed.is_empty() {
@@ -536,6 +595,7 @@ fn wakeup(
     let t = task_avgs(child);
     let me = task_avgs(unsafe { libc::getpid() });
     clear_trace();
+    mark_state_read();
     let rqs = read_rqs(nr);
     let cpus = cpus_json(&rqs);
     if sync {
@@ -547,7 +607,7 @@ fn wakeup(
         }
     }
     unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
-    let got = traced_target("sched_wakeup", child);
+    let (got, stale) = traced_target("sched_wakeup", child);
     unsafe {
         libc::close(fds[0]);
         libc::close(fds[1]);
@@ -567,7 +627,7 @@ fn wakeup(
         h_load(g(&t, "se.avg.load_avg"), rqs[prev].load_avg),
         h_load(g(&me, "se.avg.load_avg"), rqs[this].load_avg),
     );
-    Some((body, cpu))
+    Some((body, cpu, stale))
 }
 
 /// The CPU a task last ran on (field 39 of /proc/PID/stat).
@@ -578,7 +638,7 @@ fn task_cpu(pid: i32) -> Option<usize> {
 }
 
 /// The controller, running on `this` with the mask `allowed`, forks.
-fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<(String, usize)> {
+fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
     if !allowed.contains(&this) {
         return None;
     }
@@ -586,6 +646,7 @@ fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<(String, usize)> {
     std::thread::sleep(Duration::from_millis(5));
     pin(0, allowed);
     clear_trace();
+    mark_state_read();
     let rqs = read_rqs(nr);
     let cpus = cpus_json(&rqs);
     if getcpu() != this {
@@ -597,7 +658,8 @@ fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<(String, usize)> {
     }
     let still = getcpu() == this;
     unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
-    let cpu = traced_target("sched_wakeup_new", child)?;
+    let (cpu, stale) = traced_target("sched_wakeup_new", child);
+    let cpu = cpu?;
     if !still {
         return None;
     }
@@ -605,12 +667,12 @@ fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<(String, usize)> {
         "\"cpus\":{cpus},\"task\":{{\"cpus_allowed\":\"{}\"}},\"request\":{{\"kind\":\"fork\",\"this_cpu\":{this}}}",
         cpulist_str(allowed),
     );
-    Some((body, cpu))
+    Some((body, cpu, stale))
 }
 
 /// A child running on `this` with the mask `allowed` records the state and
 /// execs this program, which reports where `sched_exec()` put it.
-fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<(String, usize)> {
+fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
     if !allowed.contains(&this) {
         return None;
     }
@@ -630,7 +692,8 @@ fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<(String, usize)> {
         pin(0, allowed);
         let me = task_avgs(unsafe { libc::getpid() });
         drain_trace(false);
-        let rqs = read_rqs(nr);
+        mark_state_read();
+    let rqs = read_rqs(nr);
         let here = getcpu();
         let g = |k: &str| me.get(k).copied().unwrap_or(0);
         let body = format!(
@@ -664,6 +727,9 @@ fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<(String, usize)> {
     // reader blocked on them would be woken by the child's write and could
     // land on a CPU the decision is about to look at.
     unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+    let t = drain_trace(true);
+    let pat = format!(" pid={child} ");
+    let stale = stale_cpus(&t, |l| l.contains(" sched_process_exec: ") && l.contains(&pat));
     let mut body = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -684,5 +750,5 @@ fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<(String, usize)> {
     if k != 4 || here.parse::<usize>().ok()? != this {
         return None;
     }
-    Some((body.to_string(), u32::from_le_bytes(b) as usize))
+    Some((body.to_string(), u32::from_le_bytes(b) as usize, stale))
 }
