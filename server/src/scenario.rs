@@ -408,7 +408,7 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
 fn parse_kernel(v: Option<&Value>) -> Result<Kernel, FieldError> {
     match v {
         None => Ok(Kernel::Mainline),
-        Some(Value::String(s)) if s != "" => Kernel::from_name(s).ok_or_else(|| {
+        Some(Value::String(s)) if !s.is_empty() => Kernel::from_name(s).ok_or_else(|| {
             FieldError::new(
                 "kernel",
                 format!("{} is not one of \"mainline\", \"6.12\"", quote(s)),

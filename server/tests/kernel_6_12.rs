@@ -52,7 +52,10 @@ fn a_sched_idle_wakee_takes_a_sched_idle_only_cpu_under_6_12() {
     });
     assert_eq!(place(s.clone(), Some("6.12")), (3, "idle_cpu".into(), 2));
     assert_eq!(place(s.clone(), None), (1, "fallback_target".into(), 4));
-    assert_eq!(place(s.clone(), Some("mainline")), (1, "fallback_target".into(), 4));
+    assert_eq!(
+        place(s.clone(), Some("mainline")),
+        (1, "fallback_target".into(), 4)
+    );
     // The feature can still be set explicitly under 6.12 and then acts as in mainline.
     let mut on = s;
     on["features"] = json!({"SKIP_SCHED_IDLE_FOR_IDLE_TASK": true});
@@ -201,22 +204,37 @@ fn pull(task: Value, extra: Value) -> Value {
 
 #[test]
 fn can_migrate_has_no_delayed_ineligible_or_blocked_check_under_6_12() {
-    let delayed = pull(json!({"sched_delayed": true}), json!({"migration_type": "util"}));
-    assert_eq!(migrate(delayed.clone(), "mainline"), (false, "delayed".into()));
+    let delayed = pull(
+        json!({"sched_delayed": true}),
+        json!({"migration_type": "util"}),
+    );
+    assert_eq!(
+        migrate(delayed.clone(), "mainline"),
+        (false, "delayed".into())
+    );
     assert_eq!(migrate(delayed, "6.12"), (true, "cold".into()));
 
     // dst_cfs_nr_queued defaults to CPU 0's nr_running (1 > 0).
     let ineligible = pull(json!({"eligible": false}), json!({}));
-    assert_eq!(migrate(ineligible.clone(), "mainline"), (false, "ineligible".into()));
+    assert_eq!(
+        migrate(ineligible.clone(), "mainline"),
+        (false, "ineligible".into())
+    );
     assert_eq!(migrate(ineligible, "6.12"), (true, "cold".into()));
 
     let blocked = pull(json!({"blocked": true}), json!({}));
-    assert_eq!(migrate(blocked.clone(), "mainline"), (false, "blocked".into()));
+    assert_eq!(
+        migrate(blocked.clone(), "mainline"),
+        (false, "blocked".into())
+    );
     assert_eq!(migrate(blocked, "6.12"), (true, "cold".into()));
 
     // Throttled comes first in both (6.12 reads it as throttled_lb_pair).
     let throttled = pull(json!({"blocked": true}), json!({"throttled": true}));
-    assert_eq!(migrate(throttled.clone(), "mainline"), (false, "throttled".into()));
+    assert_eq!(
+        migrate(throttled.clone(), "mainline"),
+        (false, "throttled".into())
+    );
     assert_eq!(migrate(throttled, "6.12"), (false, "throttled".into()));
 }
 

@@ -106,7 +106,10 @@ fn print_once(mut m: Machine, node_id: &str) -> Result<(), Box<dyn std::error::E
                 "util_avg": c.util_avg, "util_est": c.util_est, "capacity": c.capacity})
         })
         .collect();
-    println!("{}", serde_json::json!({"seq": 1, "full": true, "cpus": states}));
+    println!(
+        "{}",
+        serde_json::json!({"seq": 1, "full": true, "cpus": states})
+    );
     Ok(())
 }
 

@@ -97,7 +97,6 @@ pub fn summary(
         connected: n.connected.load(Ordering::SeqCst),
         state_version: s.version,
         kernel_profile: s.features.kernel.as_str().to_string(),
-        ..Default::default()
     }
 }
 

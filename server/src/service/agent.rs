@@ -54,7 +54,10 @@ fn register(
     let kernel = Kernel::from_name(&reg.kernel_profile).ok_or_else(|| {
         FieldError::new(
             "register.kernel_profile",
-            format!("{} is not one of \"mainline\", \"6.12\"", quote(&reg.kernel_profile)),
+            format!(
+                "{} is not one of \"mainline\", \"6.12\"",
+                quote(&reg.kernel_profile)
+            ),
         )
     })?;
     let spec = convert::topology_spec(reg.topology.as_ref(), "register.topology")?;

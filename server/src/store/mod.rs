@@ -1031,7 +1031,11 @@ impl Store {
 
 /// The features of a node under its kernel profile: under "6.12" the two
 /// switches whose default differs are off unless the node overrides them.
-fn kernel_features(global: Features, kernel: Kernel, overrides: &HashMap<String, bool>) -> Features {
+fn kernel_features(
+    global: Features,
+    kernel: Kernel,
+    overrides: &HashMap<String, bool>,
+) -> Features {
     let mut f = global;
     f.kernel = kernel;
     if kernel == Kernel::V6_12 {

@@ -39,10 +39,16 @@ fn main() {
     println!("UNAME {}", uname_release());
     print_domains();
     run_agent();
-    let placements: usize = kernel_arg("fp.n").and_then(|s| s.parse().ok()).unwrap_or(100);
-    let seed: u64 = kernel_arg("fp.seed").and_then(|s| s.parse().ok()).unwrap_or(1);
+    let placements: usize = kernel_arg("fp.n")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let seed: u64 = kernel_arg("fp.seed")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     setup_trace();
-    let mut rng = Lcg(seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407));
+    let mut rng = Lcg(seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407));
     let mut done = 0;
     let mut id = 0;
     while done < placements {
@@ -141,7 +147,9 @@ fn read_topology(nr: usize) -> String {
     let mut nodes = Vec::new();
     for k in 0..64 {
         let p = format!("/sys/devices/system/node/node{k}/cpulist");
-        let Ok(s) = fs::read_to_string(&p) else { continue };
+        let Ok(s) = fs::read_to_string(&p) else {
+            continue;
+        };
         for c in cpulist(&s) {
             if c < nr {
                 node_of[c] = k;
@@ -152,7 +160,7 @@ fn read_topology(nr: usize) -> String {
         nodes.push(d.split_whitespace().map(str::to_string).collect::<Vec<_>>());
     }
     let mut cpus = Vec::new();
-    for c in 0..nr {
+    for (c, node) in node_of.iter().enumerate() {
         let base = format!("/sys/devices/system/cpu/cpu{c}");
         let core = first_of(&format!("{base}/topology/thread_siblings_list"), c);
         let llc = llc_of(&base, c);
@@ -161,8 +169,7 @@ fn read_topology(nr: usize) -> String {
             .and_then(|s| s.trim().parse::<u32>().ok())
             .unwrap_or(1024);
         cpus.push(format!(
-            "{{\"id\":{c},\"core\":{core},\"llc\":{llc},\"node\":{},\"capacity\":{cap}}}",
-            node_of[c]
+            "{{\"id\":{c},\"core\":{core},\"llc\":{llc},\"node\":{node},\"capacity\":{cap}}}"
         ));
     }
     let dist: Vec<String> = nodes.iter().map(|r| format!("[{}]", r.join(","))).collect();
@@ -177,7 +184,9 @@ fn llc_of(base: &str, c: usize) -> usize {
     let mut best = (0u32, c);
     for i in 0..8 {
         let d = format!("{base}/cache/index{i}");
-        let Ok(level) = fs::read_to_string(format!("{d}/level")) else { continue };
+        let Ok(level) = fs::read_to_string(format!("{d}/level")) else {
+            continue;
+        };
         let level: u32 = level.trim().parse().unwrap_or(0);
         if level >= best.0 {
             best = (level, first_of(&format!("{d}/shared_cpu_list"), c));
@@ -189,7 +198,10 @@ fn llc_of(base: &str, c: usize) -> usize {
 /// The domains the kernel built, as `sched_verbose` printed them, plus the
 /// per-CPU domain names under debugfs, for the harness's topology check.
 fn print_domains() {
-    let Ok(kmsg) = std::process::Command::new("/bin/busybox").arg("dmesg").output() else {
+    let Ok(kmsg) = std::process::Command::new("/bin/busybox")
+        .arg("dmesg")
+        .output()
+    else {
         return;
     };
     for line in String::from_utf8_lossy(&kmsg.stdout).lines() {
@@ -281,13 +293,24 @@ fn drain_trace(clear: bool) -> String {
             continue;
         };
         let Some(open) = line.find('[') else { continue };
-        let Some(cpu) = line[open + 1..].split(']').next().and_then(|c| c.parse::<usize>().ok()) else {
+        let Some(cpu) = line[open + 1..]
+            .split(']')
+            .next()
+            .and_then(|c| c.parse::<usize>().ok())
+        else {
             continue;
         };
-        let Some(colon) = line.find(event) else { continue };
-        let Some(ts) = line[..colon].split_whitespace().last() else { continue };
-        let Some((sec, frac)) = ts.split_once('.') else { continue };
-        let ns = sec.parse::<u64>().unwrap_or(0) * 1_000_000_000 + frac.parse::<u64>().unwrap_or(0) * 1000;
+        let Some(colon) = line.find(event) else {
+            continue;
+        };
+        let Some(ts) = line[..colon].split_whitespace().last() else {
+            continue;
+        };
+        let Some((sec, frac)) = ts.split_once('.') else {
+            continue;
+        };
+        let ns = sec.parse::<u64>().unwrap_or(0) * 1_000_000_000
+            + frac.parse::<u64>().unwrap_or(0) * 1000;
         if cpu < last.len() {
             last[cpu] = ns;
         }
@@ -410,12 +433,19 @@ fn read_rqs(nr: usize) -> Vec<Rq> {
     let mut sec: Option<(usize, bool)> = None;
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("cpu#") {
-            sec = rest.split(',').next().and_then(|s| s.parse().ok()).map(|c| (c, false));
+            sec = rest
+                .split(',')
+                .next()
+                .and_then(|s| s.parse().ok())
+                .map(|c| (c, false));
             continue;
         }
         if let Some(rest) = line.strip_prefix("cfs_rq[") {
             sec = rest.split_once("]:").and_then(|(c, path)| {
-                (path.trim() == "/").then(|| c.parse().ok()).flatten().map(|c| (c, true))
+                (path.trim() == "/")
+                    .then(|| c.parse().ok())
+                    .flatten()
+                    .map(|c| (c, true))
             });
             continue;
         }
@@ -429,8 +459,15 @@ fn read_rqs(nr: usize) -> Vec<Rq> {
         if cpu >= nr {
             continue;
         }
-        let Some((k, v)) = line[3..].split_once(':') else { continue };
-        let v: i64 = v.trim().split('.').next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let Some((k, v)) = line[3..].split_once(':') else {
+            continue;
+        };
+        let v: i64 = v
+            .trim()
+            .split('.')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         let r = &mut rqs[cpu];
         match (k.trim(), root) {
             ("nr_running", false) => r.nr_running = v,
@@ -456,7 +493,12 @@ fn task_avgs(pid: i32) -> BTreeMap<String, i64> {
         if let Some((k, v)) = line.split_once(':') {
             let k = k.trim();
             if k.starts_with("se.avg.") || k == "policy" {
-                let v = v.trim().split('.').next().and_then(|s| s.parse().ok()).unwrap_or(0);
+                let v = v
+                    .trim()
+                    .split('.')
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
                 m.insert(k.to_string(), v);
             }
         }
@@ -489,7 +531,11 @@ fn cpus_json(rqs: &[Rq]) -> String {
             r.runnable_avg,
             r.util_avg,
             r.util_est,
-            if r.curr_pid == 0 { stamps.get(i).copied().unwrap_or(0) } else { 0 }
+            if r.curr_pid == 0 {
+                stamps.get(i).copied().unwrap_or(0)
+            } else {
+                0
+            }
         );
     }
     s.push(']');
@@ -497,7 +543,10 @@ fn cpus_json(rqs: &[Rq]) -> String {
 }
 
 fn cpulist_str(v: &[usize]) -> String {
-    v.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
+    v.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A recorded placement: the scenario's body (cpus, task, request), the
@@ -547,15 +596,13 @@ fn round(rng: &mut Lcg, nr: usize, topo: &str, id: &mut usize, left: usize) -> u
 /// A wakee forked on a random CPU (its `recent_used_cpu`), moved to `prev`
 /// and blocked; the controller, pinned to `this`, wakes it through a pipe
 /// (sync) or a futex (not sync).
-fn wakeup(
-    rng: &mut Lcg,
-    nr: usize,
-    this: usize,
-    allowed: &[usize],
-    sync: bool,
-) -> Option<Record> {
+fn wakeup(rng: &mut Lcg, nr: usize, this: usize, allowed: &[usize], sync: bool) -> Option<Record> {
     let mut allowed = allowed.to_vec();
-    let prev = if allowed.is_empty() { rng.below(nr) } else { allowed[rng.below(allowed.len())] };
+    let prev = if allowed.is_empty() {
+        rng.below(nr)
+    } else {
+        allowed[rng.below(allowed.len())]
+    };
     if allowed.is_empty() {
         allowed.push(prev);
     }
@@ -693,7 +740,7 @@ fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
         let me = task_avgs(unsafe { libc::getpid() });
         drain_trace(false);
         mark_state_read();
-    let rqs = read_rqs(nr);
+        let rqs = read_rqs(nr);
         let here = getcpu();
         let g = |k: &str| me.get(k).copied().unwrap_or(0);
         let body = format!(
@@ -729,7 +776,9 @@ fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
     unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
     let t = drain_trace(true);
     let pat = format!(" pid={child} ");
-    let stale = stale_cpus(&t, |l| l.contains(" sched_process_exec: ") && l.contains(&pat));
+    let stale = stale_cpus(&t, |l| {
+        l.contains(" sched_process_exec: ") && l.contains(&pat)
+    });
     let mut body = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
