@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
-use crate::engine::features::{Features, SERVICE_ONLY, System};
+use crate::engine::features::{Features, Kernel, SERVICE_ONLY, System};
 use crate::engine::state::{CpuState, MAX_CLOCK, MAX_SIGNAL, NodeState, Policy, SharedHint, Task};
 use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, TopologySpec};
 use crate::engine::{View, can_migrate_task, select_task_rq};
@@ -295,6 +295,7 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
         &[
             "version",
             "name",
+            "kernel",
             "generator",
             "features",
             "system",
@@ -321,7 +322,8 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
         return Err(FieldError::new("generator", "must be an object"));
     }
 
-    let features = parse_features(top.map.get("features"))?;
+    let kernel = parse_kernel(top.map.get("kernel"))?;
+    let features = parse_features(top.map.get("features"), kernel)?;
     let system = parse_system(top.map.get("system"))?;
     let spec = parse_topology(
         top.map
@@ -338,6 +340,12 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
         }
     }
     let topology = Topology::build(&spec, &online, system.node_reclaim_distance)?;
+    if kernel == Kernel::V6_12 && top.map.contains_key("asym") {
+        return Err(FieldError::new(
+            "asym",
+            "Linux 6.12 has no asymmetric-capacity shared object (kernel \"6.12\")",
+        ));
+    }
     let hints = parse_hints(top.map.get("llc"), top.map.get("asym"), &topology)?;
     let state = NodeState::new(&topology, cpus, &hints, &features);
 
@@ -394,8 +402,25 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
     })
 }
 
-fn parse_features(v: Option<&Value>) -> Result<Features, FieldError> {
-    let mut f = Features::default();
+/// The kernel profile (section 13): `"mainline"` (default) or `"6.12"`.
+fn parse_kernel(v: Option<&Value>) -> Result<Kernel, FieldError> {
+    match v {
+        None => Ok(Kernel::Mainline),
+        Some(Value::String(s)) if !s.is_empty() => Kernel::from_name(s).ok_or_else(|| {
+            FieldError::new(
+                "kernel",
+                format!("{} is not one of \"mainline\", \"6.12\"", quote(s)),
+            )
+        }),
+        Some(_) => Err(FieldError::new(
+            "kernel",
+            "must be \"mainline\" or \"6.12\"",
+        )),
+    }
+}
+
+fn parse_features(v: Option<&Value>, kernel: Kernel) -> Result<Features, FieldError> {
+    let mut f = Features::for_kernel(kernel);
     let Some(v) = v else { return Ok(f) };
     let map = v
         .as_object()

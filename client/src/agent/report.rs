@@ -194,6 +194,7 @@ async fn register(
             topology: Some(topology),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             signal_source: signal_source as i32,
+            ..Default::default()
         })),
     })
     .await

@@ -80,6 +80,11 @@ struct Args {
     /// The kernel's sched/debug file.
     #[arg(long, default_value = "/sys/kernel/debug/sched/debug")]
     sched_debug_path: String,
+    /// Print the Register and the first Update this machine would send, as
+    /// two JSON lines on stdout, and exit without connecting (to check what
+    /// the agent reads, e.g. in a test VM).
+    #[arg(long)]
+    print_once: bool,
 }
 
 fn hostname() -> String {
@@ -89,6 +94,39 @@ fn hostname() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+/// `--print-once`: the Register (node id, topology) and the first full
+/// Update (every CPU's state), each as one JSON line.
+fn print_once<S: Source>(mut m: S, node_id: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let t = m.topology();
+    let cpus: Vec<_> = t
+        .cpus
+        .iter()
+        .map(|c| {
+            serde_json::json!({"id": c.id, "core": c.core, "cluster": c.cluster, "llc": c.llc,
+                "node": c.node, "capacity": c.capacity})
+        })
+        .collect();
+    let dist: Vec<_> = t.numa_distance.iter().map(|r| r.distance.clone()).collect();
+    let register = serde_json::json!({"node_id": node_id,
+        "agent_version": env!("CARGO_PKG_VERSION"),
+        "topology": {"cpus": cpus, "numa_distance": dist}});
+    println!("{register}");
+    let states: Vec<_> = m
+        .sample()
+        .iter()
+        .map(|c| {
+            serde_json::json!({"id": c.id, "online": c.online, "nr_running": c.nr_running,
+                "h_nr_idle": c.h_nr_idle, "load_avg": c.load_avg, "runnable_avg": c.runnable_avg,
+                "util_avg": c.util_avg, "util_est": c.util_est, "capacity": c.capacity})
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::json!({"seq": 1, "full": true, "cpus": states})
+    );
+    Ok(())
 }
 
 #[tokio::main]
@@ -192,6 +230,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 a.task_cap as usize,
                 a.read_budget_pct,
             )?;
+            if a.print_once {
+                return print_once(m, &base);
+            }
             tracing::info!(
                 node = %base,
                 cpus = m.topology().cpus.len(),

@@ -131,6 +131,9 @@ impl<'a> Ctx<'a> {
         if !self.topo.asym_active {
             return true;
         }
+        if self.is_v6_12() {
+            return self.task_fits_cpu(cpu);
+        }
         (!self.topo.smt_active || self.is_core_idle(cpu)) && self.task_fits_cpu(cpu)
     }
 

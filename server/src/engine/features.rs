@@ -25,6 +25,8 @@ pub struct Features {
     pub sc_visit: bool,
     /// `task_cache_work` scans only the NUMA nodes in play.
     pub sc_node: bool,
+    /// Which kernel's fair class to follow (see `engine::v6_12`).
+    pub kernel: Kernel,
 }
 
 impl Default for Features {
@@ -43,6 +45,35 @@ impl Default for Features {
             sched_cache: true,
             sc_visit: false,
             sc_node: false,
+            kernel: Kernel::Mainline,
+        }
+    }
+}
+
+/// The kernel profile: the mainline the engine follows, or Linux 6.12
+/// where it differs (scenario format section 13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kernel {
+    #[default]
+    Mainline,
+    V6_12,
+}
+
+impl Kernel {
+    /// The profile named as in scenarios and in `Register.kernel_profile`
+    /// (empty = mainline).
+    pub fn from_name(name: &str) -> Option<Kernel> {
+        match name {
+            "" | "mainline" => Some(Kernel::Mainline),
+            "6.12" => Some(Kernel::V6_12),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kernel::Mainline => "mainline",
+            Kernel::V6_12 => "6.12",
         }
     }
 }
@@ -69,6 +100,20 @@ pub const FEATURE_NAMES: [&str; 13] = [
 pub const SERVICE_ONLY: [&str; 3] = ["SCHED_CACHE", "SC_VISIT", "SC_NODE"];
 
 impl Features {
+    /// The defaults of a kernel profile: 6.12 tests `sched_idle_cpu()` for
+    /// every wakee and its `sched_exec()` calls the class directly.
+    pub fn for_kernel(kernel: Kernel) -> Features {
+        let mut f = Features {
+            kernel,
+            ..Features::default()
+        };
+        if kernel == Kernel::V6_12 {
+            f.skip_sched_idle_for_idle_task = false;
+            f.exec_bound_fast_path = false;
+        }
+        f
+    }
+
     fn slot(&mut self, name: &str) -> Option<&mut bool> {
         Some(match name {
             "SIS_UTIL" => &mut self.sis_util,

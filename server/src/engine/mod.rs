@@ -15,6 +15,7 @@ pub mod placement;
 pub mod rq;
 pub mod state;
 pub mod topology;
+pub mod v6_12;
 
 pub use fairplace_types::cpumask;
 

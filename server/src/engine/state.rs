@@ -3,7 +3,7 @@
 //! SIS_UTIL budget, the idle-core hint).
 
 use super::cpumask::CpuMask;
-use super::features::Features;
+use super::features::{Features, Kernel};
 use super::topology::Topology;
 
 /// One runqueue as the agent last reported it.
@@ -317,9 +317,10 @@ impl NodeState {
                 nr_idle_scan: h
                     .nr_idle_scan
                     .unwrap_or_else(|| st.derive_nr_idle_scan(topo, k, features)),
-                has_idle_cores: h
-                    .has_idle_cores
-                    .unwrap_or_else(|| st.derive_has_idle_cores(topo, k)),
+                has_idle_cores: h.has_idle_cores.unwrap_or_else(|| match features.kernel {
+                    Kernel::V6_12 => st.derive_has_idle_cores_v6_12(topo, k),
+                    Kernel::Mainline => st.derive_has_idle_cores(topo, k),
+                }),
             };
         }
         st

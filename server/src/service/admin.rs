@@ -101,6 +101,7 @@ pub fn summary(
         exact_signals: signal_source_is_exact(n.signal_source.load(Ordering::Relaxed)),
         leases: leases.len() as u32,
         leased_cpus: leases.iter().map(|l| l.cpus.weight() as u32).sum(),
+        kernel_profile: s.features.kernel.as_str().to_string(),
     }
 }
 

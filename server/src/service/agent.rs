@@ -22,7 +22,10 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert;
 use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
+use crate::engine::features::Kernel;
+use crate::engine::topology::FieldError;
 use crate::metrics as m;
+use crate::quote::quote;
 use crate::store::{RegisterError, Reject, Store, Update};
 
 pub struct Agent {
@@ -50,6 +53,15 @@ fn register(
     store: &Store,
     reg: pb::Register,
 ) -> Result<(Arc<crate::store::Node>, u64), RegisterError> {
+    let kernel = Kernel::from_name(&reg.kernel_profile).ok_or_else(|| {
+        FieldError::new(
+            "register.kernel_profile",
+            format!(
+                "{} is not one of \"mainline\", \"6.12\"",
+                quote(&reg.kernel_profile)
+            ),
+        )
+    })?;
     let spec = convert::topology_spec(reg.topology.as_ref(), "register.topology")?;
     let mut labels: Vec<(String, String)> = reg.labels.into_iter().collect();
     labels.sort();
@@ -58,6 +70,7 @@ fn register(
     let (node, generation) = store.register(&reg.node_id, labels, reg.agent_version, spec)?;
     node.signal_source
         .store(source, std::sync::atomic::Ordering::Relaxed);
+    store.set_kernel(&node, kernel);
     Ok((node, generation))
 }
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
 
-use crate::engine::features::Features;
+use crate::engine::features::{Features, Kernel};
 use crate::engine::topology::FieldError;
 
 use super::claims::base_cpus;
@@ -79,9 +79,43 @@ impl Store {
         for (k, v) in &w.overrides {
             f.set(k, *v);
         }
+        let f = kernel_features(f, w.kernel, &w.overrides);
         let cur = node.snapshot();
         let cpus = base_cpus(&cur, &w);
         let topo = Arc::clone(&cur.topo);
         self.publish(node, &mut w, cpus, topo, f, None, &cur);
     }
+
+    /// Sets a node's kernel profile (from its registration) and republishes
+    /// its state with the profile's features.
+    pub fn set_kernel(&self, node: &Node, kernel: Kernel) {
+        {
+            let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            if w.kernel == kernel && node.snapshot().features.kernel == kernel {
+                return;
+            }
+            w.kernel = kernel;
+        }
+        self.refresh_features(node, None, false);
+    }
+}
+
+/// The features of a node under its kernel profile: under "6.12" the two
+/// switches whose default differs are off unless the node overrides them.
+fn kernel_features(
+    global: Features,
+    kernel: Kernel,
+    overrides: &HashMap<String, bool>,
+) -> Features {
+    let mut f = global;
+    f.kernel = kernel;
+    if kernel == Kernel::V6_12 {
+        let d = Features::for_kernel(kernel);
+        for name in ["SKIP_SCHED_IDLE_FOR_IDLE_TASK", "EXEC_BOUND_FAST_PATH"] {
+            if !overrides.contains_key(name) {
+                f.set(name, d.get(name).unwrap_or(false));
+            }
+        }
+    }
+    f
 }

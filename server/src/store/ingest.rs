@@ -11,6 +11,7 @@ use arc_swap::ArcSwap;
 
 use crate::cluster::NodeAgg;
 use crate::engine::cpumask::CpuMask;
+use crate::engine::features::Kernel;
 use crate::engine::rq::TaskTable;
 use crate::engine::state::{CpuState, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};
@@ -152,6 +153,7 @@ impl Store {
                 counted: None,
                 listed: false,
                 leases: Default::default(),
+                kernel: Kernel::Mainline,
             }),
             generation: AtomicU64::new(generation),
             connected: AtomicBool::new(true),

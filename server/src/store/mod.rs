@@ -50,7 +50,7 @@ use crate::engine::balance::Balancer;
 use crate::engine::cache::{CacheParams, CacheState, LlcMap};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::Kind;
-use crate::engine::features::{Features, System};
+use crate::engine::features::{Features, Kernel, System};
 use crate::engine::rq::TaskTable;
 use crate::engine::state::{CpuState, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};
@@ -178,6 +178,8 @@ struct Writer {
     /// Deltas are refused until a full snapshot arrives.
     needs_full: bool,
     overrides: HashMap<String, bool>,
+    /// The node's kernel profile (`Register.kernel_profile`).
+    kernel: Kernel,
     /// The group path and aggregate this node adds to the cluster sums;
     /// `None` while it is not counted (no state yet, or stale).
     counted: Option<(Vec<String>, NodeAgg)>,

@@ -3,6 +3,7 @@
 use crate::engine::cache::LlcView;
 use crate::engine::cpumask::CpuMask;
 use crate::engine::ctx::{Ctx, View};
+use crate::engine::features::Kernel;
 use crate::engine::state::{Policy, Task};
 use crate::engine::topology::sd;
 
@@ -185,14 +186,17 @@ pub fn can_migrate_task_llc(
         llc_decided: false,
     };
 
-    if p.sched_delayed && env.migration_type != MigrationType::Load {
+    // 6.12 has none of the delayed, ineligible and blocked checks.
+    let mainline = view.features.kernel == Kernel::Mainline;
+    if mainline && p.sched_delayed && env.migration_type != MigrationType::Load {
         return done(false, flags, Reason::Delayed, None, None);
     }
     if env.throttled {
         return done(false, flags, Reason::Throttled, None, None);
     }
     // task_is_ineligible_on_dst_cpu(): a soft rule for the first pass only.
-    if env.nr_balance_failed == 0
+    if mainline
+        && env.nr_balance_failed == 0
         && view.features.place_lag
         && env.dst_cfs_nr_queued > 0
         && !p.eligible
@@ -202,7 +206,7 @@ pub fn can_migrate_task_llc(
     if p.per_cpu_kthread {
         return done(false, flags, Reason::PerCpuKthread, None, None);
     }
-    if p.blocked {
+    if mainline && p.blocked {
         return done(false, flags, Reason::Blocked, None, None);
     }
 

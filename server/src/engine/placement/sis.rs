@@ -74,7 +74,12 @@ impl Ctx<'_> {
         if topo.asym_active
             && let Some(sda) = topo.sd_asym(target)
         {
-            return match self.select_idle_capacity(sda, target) {
+            let found = if self.is_v6_12() {
+                self.select_idle_capacity_v6_12(sda, target)
+            } else {
+                self.select_idle_capacity(sda, target)
+            };
+            return match found {
                 Some(i) => (i, Path::Capacity),
                 None => (target, Path::CapacityNone),
             };
@@ -111,8 +116,7 @@ impl Ctx<'_> {
 
     /// `test_idle_cores()`: the hint in the target's balance shared object.
     fn test_idle_cores(&self, cpu: usize) -> bool {
-        self.topo.cpu[cpu]
-            .balance_shared
+        self.balance_shared(cpu)
             .is_some_and(|s| self.st.shared[s as usize].has_idle_cores)
     }
 

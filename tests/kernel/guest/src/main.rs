@@ -1,0 +1,803 @@
+//! The guest's init for the kernel fidelity harness (tests/kernel/run.sh).
+//!
+//! It mounts proc, sys, debugfs and tracefs, reads the topology the kernel
+//! built, then runs rounds of experiments: pinned spinners (SCHED_OTHER and
+//! SCHED_IDLE) make a known load, PELT settles, and one task at a time is
+//! placed by a sync wakeup (pipe), a non-sync wakeup (futex), a fork or an
+//! exec. Just before each placement it records the kernel's inputs
+//! (`sched/debug` per CPU, the task's `/proc/PID/sched`), and afterwards the
+//! kernel's answer (tracefs `sched_wakeup` / `sched_wakeup_new` target CPU,
+//! or `sched_getcpu()` in the exec'ed image). Each record is printed on the
+//! console as one line `SCN {scenario}` in the fairplace scenario format,
+//! `kernel: "6.12"`, with the answer under `expected`. Nothing here uses a
+//! network: the console is the only channel.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fmt::Write as _;
+use std::fs;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Per CPU, the trace time (ns) of its last switch to the idle task: the
+/// kernel's `rq->idle_stamp` is set at that moment (newidle balance) and
+/// cleared when a task is woken onto the CPU.
+static LAST_IDLE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+const TRACE: &str = "/sys/kernel/tracing";
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() == 3 && args[1] == "exec-report" {
+        exec_report(&args[2]);
+        return;
+    }
+    mount_all();
+    let nr = online_cpus();
+    let topo = read_topology(nr);
+    println!("TOPO {topo}");
+    println!("UNAME {}", uname_release());
+    print_domains();
+    run_agent();
+    let placements: usize = kernel_arg("fp.n")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let seed: u64 = kernel_arg("fp.seed")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    setup_trace();
+    let mut rng = Lcg(seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407));
+    let mut done = 0;
+    let mut id = 0;
+    while done < placements {
+        done += round(&mut rng, nr, &topo, &mut id, placements - done);
+    }
+    println!("DONE {done}");
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::RB_POWER_OFF);
+    }
+}
+
+/// The exec'ed image: report the CPU the task runs on right after
+/// `sched_exec()` through the inherited pipe, then leave.
+fn exec_report(fd: &str) {
+    let cpu = unsafe { libc::sched_getcpu() };
+    let fd: i32 = fd.parse().unwrap_or(-1);
+    let b = (cpu as u32).to_le_bytes();
+    unsafe {
+        libc::write(fd, b.as_ptr().cast(), 4);
+    }
+}
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn mount_all() {
+    let m = |src: &str, dst: &str, ty: &str| {
+        let _ = fs::create_dir_all(dst);
+        let (s, d, t) = (cs(src), cs(dst), cs(ty));
+        unsafe { libc::mount(s.as_ptr(), d.as_ptr(), t.as_ptr(), 0, std::ptr::null()) };
+    };
+    m("proc", "/proc", "proc");
+    m("sysfs", "/sys", "sysfs");
+    m("debugfs", "/sys/kernel/debug", "debugfs");
+    m("tracefs", TRACE, "tracefs");
+    m("devtmpfs", "/dev", "devtmpfs");
+}
+
+fn cs(s: &str) -> CString {
+    CString::new(s).expect("no NUL")
+}
+
+fn kernel_arg(key: &str) -> Option<String> {
+    let cmd = fs::read_to_string("/proc/cmdline").ok()?;
+    cmd.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")).map(str::to_string))
+}
+
+fn uname_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn online_cpus() -> usize {
+    (unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }) as usize
+}
+
+/// A sysfs cpulist ("0-3,8") as CPU ids.
+fn cpulist(s: &str) -> Vec<usize> {
+    let mut v = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => v.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap()),
+            None => v.push(part.parse().unwrap()),
+        }
+    }
+    v
+}
+
+fn first_of(path: &str, cpu: usize) -> usize {
+    fs::read_to_string(path)
+        .ok()
+        .map(|s| cpulist(&s))
+        .and_then(|v| v.first().copied())
+        .unwrap_or(cpu)
+}
+
+/// The topology object of the scenario format, from sysfs: SMT core, LLC
+/// (the highest cache level's sharing list), NUMA node and distances.
+fn read_topology(nr: usize) -> String {
+    let mut node_of = vec![0usize; nr];
+    let mut nodes = Vec::new();
+    for k in 0..64 {
+        let p = format!("/sys/devices/system/node/node{k}/cpulist");
+        let Ok(s) = fs::read_to_string(&p) else {
+            continue;
+        };
+        for c in cpulist(&s) {
+            if c < nr {
+                node_of[c] = k;
+            }
+        }
+        let d = fs::read_to_string(format!("/sys/devices/system/node/node{k}/distance"))
+            .unwrap_or_default();
+        nodes.push(d.split_whitespace().map(str::to_string).collect::<Vec<_>>());
+    }
+    let mut cpus = Vec::new();
+    for (c, node) in node_of.iter().enumerate() {
+        let base = format!("/sys/devices/system/cpu/cpu{c}");
+        let core = first_of(&format!("{base}/topology/thread_siblings_list"), c);
+        let llc = llc_of(&base, c);
+        let cap = fs::read_to_string(format!("{base}/cpu_capacity"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(1024);
+        cpus.push(format!(
+            "{{\"id\":{c},\"core\":{core},\"llc\":{llc},\"node\":{node},\"capacity\":{cap}}}"
+        ));
+    }
+    let dist: Vec<String> = nodes.iter().map(|r| format!("[{}]", r.join(","))).collect();
+    format!(
+        "{{\"cpus\":[{}],\"numa_distance\":[{}]}}",
+        cpus.join(","),
+        dist.join(",")
+    )
+}
+
+fn llc_of(base: &str, c: usize) -> usize {
+    let mut best = (0u32, c);
+    for i in 0..8 {
+        let d = format!("{base}/cache/index{i}");
+        let Ok(level) = fs::read_to_string(format!("{d}/level")) else {
+            continue;
+        };
+        let level: u32 = level.trim().parse().unwrap_or(0);
+        if level >= best.0 {
+            best = (level, first_of(&format!("{d}/shared_cpu_list"), c));
+        }
+    }
+    best.1
+}
+
+/// The domains the kernel built, as `sched_verbose` printed them, plus the
+/// per-CPU domain names under debugfs, for the harness's topology check.
+fn print_domains() {
+    let Ok(kmsg) = std::process::Command::new("/bin/busybox")
+        .arg("dmesg")
+        .output()
+    else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&kmsg.stdout).lines() {
+        if line.contains("domain-") || line.contains("CPU") && line.contains("attaching") {
+            println!("KDOM {}", line.trim());
+        }
+    }
+    for c in 0..online_cpus() {
+        let mut names = Vec::new();
+        for d in 0..8 {
+            let p = format!("/sys/kernel/debug/sched/domains/cpu{c}/domain{d}/name");
+            match fs::read_to_string(&p) {
+                Ok(s) => names.push(s.trim().to_string()),
+                Err(_) => break,
+            }
+        }
+        println!("KDOMNAMES {c} {}", names.join(","));
+    }
+}
+
+/// fairplace-agent, if the initramfs has it, prints what it read.
+fn run_agent() {
+    if fs::metadata("/bin/fairplace-agent").is_err() {
+        return;
+    }
+    match std::process::Command::new("/bin/fairplace-agent")
+        .args(["--node-id", "guest", "--print-once"])
+        .output()
+    {
+        Ok(o) => {
+            for line in String::from_utf8_lossy(&o.stdout).lines() {
+                println!("AGENT {line}");
+            }
+            for line in String::from_utf8_lossy(&o.stderr).lines() {
+                println!("AGENTERR {line}");
+            }
+        }
+        Err(e) => println!("AGENTERR {e}"),
+    }
+}
+
+fn setup_trace() {
+    let w = |f: &str, v: &str| {
+        let _ = fs::write(format!("{TRACE}/{f}"), v);
+    };
+    w("buffer_size_kb", "4096");
+    for ev in [
+        "sched_wakeup",
+        "sched_wakeup_new",
+        "sched_migrate_task",
+        "sched_switch",
+        "sched_process_exec",
+    ] {
+        w(&format!("events/sched/{ev}/enable"), "1");
+    }
+    // rq->idle_stamp is written in sched_balance_newidle(), also when an idle
+    // CPU reschedules to idle again without a context switch (no
+    // sched_switch event): a kprobe there sees every write.
+    w("kprobe_events", "p:fp/newidle sched_balance_newidle");
+    w("events/fp/newidle/enable", "1");
+    if fs::metadata(format!("{TRACE}/events/fp/newidle")).is_err() {
+        println!("NOTE no kprobe on sched_balance_newidle: idle stamps from sched_switch only");
+    }
+    w("tracing_on", "1");
+    // Every CPU runs something once, so each has a recorded idle entry.
+    let nr = online_cpus();
+    *LAST_IDLE.lock().unwrap() = vec![0; nr];
+    for c in 0..nr {
+        pin(0, &[c]);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    pin(0, &(0..nr).collect::<Vec<_>>());
+}
+
+/// Reads the trace buffer, updates LAST_IDLE from its sched_switch lines
+/// and clears it; returns the text.
+fn drain_trace(clear: bool) -> String {
+    let t = fs::read_to_string(format!("{TRACE}/trace")).unwrap_or_default();
+    if clear {
+        let _ = fs::write(format!("{TRACE}/trace"), "");
+    }
+    let mut last = LAST_IDLE.lock().unwrap();
+    for line in t.lines() {
+        let event = if line.contains(" newidle: ") {
+            ": newidle"
+        } else if line.contains(" sched_switch: ") && line.contains("next_pid=0 ") {
+            ": sched_switch"
+        } else {
+            continue;
+        };
+        let Some(open) = line.find('[') else { continue };
+        let Some(cpu) = line[open + 1..]
+            .split(']')
+            .next()
+            .and_then(|c| c.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let Some(colon) = line.find(event) else {
+            continue;
+        };
+        let Some(ts) = line[..colon].split_whitespace().last() else {
+            continue;
+        };
+        let Some((sec, frac)) = ts.split_once('.') else {
+            continue;
+        };
+        let ns = sec.parse::<u64>().unwrap_or(0) * 1_000_000_000
+            + frac.parse::<u64>().unwrap_or(0) * 1000;
+        if cpu < last.len() {
+            last[cpu] = ns;
+        }
+    }
+    t
+}
+
+fn clear_trace() {
+    drain_trace(true);
+}
+
+/// The target CPU of the first `event` line for `pid` in the trace buffer,
+/// and the staleness of the record (see `stale_cpus`).
+fn traced_target(event: &str, pid: i32) -> (Option<usize>, Vec<usize>) {
+    let t = drain_trace(true);
+    let pat = format!(" pid={pid} ");
+    let is_answer = |l: &str| l.contains(&format!(" {event}: ")) && l.contains(&pat);
+    let stale = stale_cpus(&t, is_answer);
+    let cpu = t.lines().find(|l| is_answer(l)).and_then(|l| {
+        let i = l.find("target_cpu=")?;
+        l[i + 11..].trim().parse().ok()
+    });
+    (cpu, stale)
+}
+
+/// Marks in the trace the moment the recorded state starts to be read:
+/// anything that changes after it may or may not be in the record.
+fn mark_state_read() {
+    let _ = fs::write(format!("{TRACE}/trace_marker"), "fp-state-read");
+}
+
+/// The CPUs that went idle or left idle between the state read (the marker)
+/// and the kernel's decision (the first line `is_answer` accepts): the record
+/// then shows a state the kernel no longer had. Such records are reported
+/// as stale, not compared.
+fn stale_cpus(t: &str, is_answer: impl Fn(&str) -> bool) -> Vec<usize> {
+    let mut after_mark = false;
+    let mut out = Vec::new();
+    for l in t.lines() {
+        if l.contains("fp-state-read") {
+            after_mark = true;
+            continue;
+        }
+        if is_answer(l) {
+            break;
+        }
+        if after_mark
+            && l.contains(" sched_switch: ")
+            && (l.contains(" prev_pid=0 ") || l.contains(" next_pid=0 "))
+            && let Some(c) = l
+                .find('[')
+                .and_then(|i| l[i + 1..].split(']').next())
+                .and_then(|c| c.parse::<usize>().ok())
+            && !out.contains(&c)
+        {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn pin(pid: i32, cpus: &[usize]) {
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn getcpu() -> usize {
+    unsafe { libc::sched_getcpu() as usize }
+}
+
+/// A spinner pinned to `cpu`, SCHED_IDLE if `idle`.
+fn spinner(cpu: usize, idle: bool) -> i32 {
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        pin(0, &[cpu]);
+        if idle {
+            let p = libc::sched_param { sched_priority: 0 };
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &p) };
+        }
+        let mut x = 0u64;
+        loop {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+    }
+    pid
+}
+
+fn kill_all(pids: &[i32]) {
+    for &p in pids {
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    for &p in pids {
+        unsafe { libc::waitpid(p, std::ptr::null_mut(), 0) };
+    }
+}
+
+/// One CPU's runqueue as `sched/debug` shows it (root cfs_rq fields).
+#[derive(Default, Clone)]
+struct Rq {
+    nr_running: i64,
+    curr_pid: i64,
+    h_nr_idle: i64,
+    h_nr_queued: i64,
+    h_nr_delayed: i64,
+    load_avg: i64,
+    runnable_avg: i64,
+    util_avg: i64,
+    util_est: i64,
+}
+
+fn read_rqs(nr: usize) -> Vec<Rq> {
+    let text = fs::read_to_string("/sys/kernel/debug/sched/debug").unwrap_or_default();
+    let mut rqs = vec![Rq::default(); nr];
+    // Which section we are in: Some((cpu, is_root_cfs)).
+    let mut sec: Option<(usize, bool)> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("cpu#") {
+            sec = rest
+                .split(',')
+                .next()
+                .and_then(|s| s.parse().ok())
+                .map(|c| (c, false));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("cfs_rq[") {
+            sec = rest.split_once("]:").and_then(|(c, path)| {
+                (path.trim() == "/")
+                    .then(|| c.parse().ok())
+                    .flatten()
+                    .map(|c| (c, true))
+            });
+            continue;
+        }
+        if !line.starts_with("  .") {
+            if !line.starts_with(' ') && !line.is_empty() {
+                sec = None;
+            }
+            continue;
+        }
+        let Some((cpu, root)) = sec else { continue };
+        if cpu >= nr {
+            continue;
+        }
+        let Some((k, v)) = line[3..].split_once(':') else {
+            continue;
+        };
+        let v: i64 = v
+            .trim()
+            .split('.')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let r = &mut rqs[cpu];
+        match (k.trim(), root) {
+            ("nr_running", false) => r.nr_running = v,
+            ("curr->pid", false) => r.curr_pid = v,
+            ("idle_h_nr_running", true) => r.h_nr_idle = v,
+            ("h_nr_queued", true) => r.h_nr_queued = v,
+            ("h_nr_delayed", true) => r.h_nr_delayed = v,
+            ("load_avg", true) => r.load_avg = v,
+            ("runnable_avg", true) => r.runnable_avg = v,
+            ("util_avg", true) => r.util_avg = v,
+            ("util_est", true) => r.util_est = v,
+            _ => {}
+        }
+    }
+    rqs
+}
+
+/// `se.avg.*` of a task from /proc/PID/sched.
+fn task_avgs(pid: i32) -> BTreeMap<String, i64> {
+    let t = fs::read_to_string(format!("/proc/{pid}/sched")).unwrap_or_default();
+    let mut m = BTreeMap::new();
+    for line in t.lines() {
+        if let Some((k, v)) = line.split_once(':') {
+            let k = k.trim();
+            if k.starts_with("se.avg.") || k == "policy" {
+                let v = v
+                    .trim()
+                    .split('.')
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+                m.insert(k.to_string(), v);
+            }
+        }
+    }
+    m
+}
+
+/// `task_h_load()` of a task in the root group of a CPU whose cfs_rq load is
+/// `rq_load`: `h_load * load / (rq_load + 1)` with `h_load = rq_load`.
+fn h_load(load: i64, rq_load: i64) -> i64 {
+    rq_load * load / (rq_load + 1)
+}
+
+fn cpus_json(rqs: &[Rq]) -> String {
+    let stamps = LAST_IDLE.lock().unwrap().clone();
+    let mut s = String::from("[");
+    for (i, r) in rqs.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(
+            s,
+            "{{\"id\":{i},\"nr_running\":{},\"h_nr_idle\":{},\"nr_delayed\":{},\"cfs_h_nr_queued\":{},\"curr_is_idle\":{},\"load_avg\":{},\"runnable_avg\":{},\"util_avg\":{},\"util_est\":{},\"idle_stamp\":{}}}",
+            r.nr_running,
+            r.h_nr_idle.min(r.nr_running),
+            r.h_nr_delayed.min(r.nr_running),
+            r.h_nr_queued,
+            r.curr_pid == 0,
+            r.load_avg,
+            r.runnable_avg,
+            r.util_avg,
+            r.util_est,
+            if r.curr_pid == 0 {
+                stamps.get(i).copied().unwrap_or(0)
+            } else {
+                0
+            }
+        );
+    }
+    s.push(']');
+    s
+}
+
+fn cpulist_str(v: &[usize]) -> String {
+    v.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A recorded placement: the scenario's body (cpus, task, request), the
+/// kernel's CPU, and the CPUs whose idle state changed before the decision.
+type Record = (String, usize, Vec<usize>);
+
+/// One round: a random spinner load, then up to four placements on it.
+fn round(rng: &mut Lcg, nr: usize, topo: &str, id: &mut usize, left: usize) -> usize {
+    pin(0, &(0..nr).collect::<Vec<_>>());
+    let mut spin = Vec::new();
+    let mut busy = vec![false; nr];
+    let want = rng.below(nr + 1);
+    for _ in 0..want {
+        let c = rng.below(nr);
+        if !busy[c] || rng.below(4) == 0 {
+            busy[c] = true;
+            spin.push(spinner(c, rng.below(4) == 0));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    let mut n = 0;
+    for k in 0..4.min(left) {
+        let kind = (k + rng.below(4)) % 4;
+        let this = rng.below(nr);
+        let mut allowed: Vec<usize> = (0..nr).collect();
+        if rng.below(5) == 0 {
+            allowed.retain(|_| rng.below(2) == 0);
+        }
+        let rec = match kind {
+            0 | 1 => wakeup(rng, nr, this, &allowed, kind == 0),
+            2 => fork(nr, this, &allowed),
+            _ => exec(nr, this, &allowed),
+        };
+        if let Some((body, cpu, stale)) = rec {
+            *id += 1;
+            println!(
+                "SCN {{\"name\":\"k{id}\",\"kernel\":\"6.12\",\"generator\":{{\"stale_cpus\":{stale:?}}},\"topology\":{topo},{body},\"expected\":{{\"cpu\":{cpu}}}}}"
+            );
+            n += 1;
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    kill_all(&spin);
+    n
+}
+
+/// A wakee forked on a random CPU (its `recent_used_cpu`), moved to `prev`
+/// and blocked; the controller, pinned to `this`, wakes it through a pipe
+/// (sync) or a futex (not sync).
+fn wakeup(rng: &mut Lcg, nr: usize, this: usize, allowed: &[usize], sync: bool) -> Option<Record> {
+    let mut allowed = allowed.to_vec();
+    let prev = if allowed.is_empty() {
+        rng.below(nr)
+    } else {
+        allowed[rng.below(allowed.len())]
+    };
+    if allowed.is_empty() {
+        allowed.push(prev);
+    }
+    let forked_on = rng.below(nr);
+    pin(0, &[forked_on]);
+    let mut fds = [0i32; 2];
+    unsafe { libc::pipe(fds.as_mut_ptr()) };
+    let futex = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        ) as *mut u32
+    };
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        pin(0, &[prev]);
+        pin(0, &allowed);
+        if sync {
+            let mut b = [0u8; 1];
+            unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) };
+        } else {
+            while unsafe { std::ptr::read_volatile(futex) } == 0 {
+                unsafe {
+                    libc::syscall(libc::SYS_futex, futex, libc::FUTEX_WAIT, 0, 0, 0, 0);
+                }
+            }
+        }
+        unsafe { libc::_exit(0) };
+    }
+    pin(0, &[this]);
+    std::thread::sleep(Duration::from_millis(40));
+    let ok = getcpu() == this && task_cpu(child) == Some(prev);
+    let t = task_avgs(child);
+    let me = task_avgs(unsafe { libc::getpid() });
+    clear_trace();
+    mark_state_read();
+    let rqs = read_rqs(nr);
+    let cpus = cpus_json(&rqs);
+    if sync {
+        unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) };
+    } else {
+        unsafe {
+            std::ptr::write_volatile(futex, 1);
+            libc::syscall(libc::SYS_futex, futex, libc::FUTEX_WAKE, 1, 0, 0, 0);
+        }
+    }
+    unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+    let (got, stale) = traced_target("sched_wakeup", child);
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+        libc::munmap(futex.cast(), 4096);
+    }
+    if !ok {
+        return None;
+    }
+    let cpu = got?;
+    let g = |m: &BTreeMap<String, i64>, k: &str| m.get(k).copied().unwrap_or(0);
+    let body = format!(
+        "\"cpus\":{cpus},\"task\":{{\"prev_cpu\":{prev},\"recent_used_cpu\":{forked_on},\"cpus_allowed\":\"{}\",\"util_avg\":{},\"util_est\":{},\"runnable_avg\":{},\"load_avg\":{}}},\"request\":{{\"kind\":\"wakeup\",\"this_cpu\":{this},\"sync\":{sync},\"waker_load\":{},\"waker_last_wakee_is_task\":false}}",
+        cpulist_str(&allowed),
+        g(&t, "se.avg.util_avg"),
+        g(&t, "se.avg.util_est"),
+        g(&t, "se.avg.runnable_avg"),
+        h_load(g(&t, "se.avg.load_avg"), rqs[prev].load_avg),
+        h_load(g(&me, "se.avg.load_avg"), rqs[this].load_avg),
+    );
+    Some((body, cpu, stale))
+}
+
+/// The CPU a task last ran on (field 39 of /proc/PID/stat).
+fn task_cpu(pid: i32) -> Option<usize> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &s[s.rfind(')')? + 2..];
+    after.split_whitespace().nth(36)?.parse().ok()
+}
+
+/// The controller, running on `this` with the mask `allowed`, forks.
+fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
+    if !allowed.contains(&this) {
+        return None;
+    }
+    pin(0, &[this]);
+    std::thread::sleep(Duration::from_millis(5));
+    pin(0, allowed);
+    clear_trace();
+    mark_state_read();
+    let rqs = read_rqs(nr);
+    let cpus = cpus_json(&rqs);
+    if getcpu() != this {
+        return None;
+    }
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        unsafe { libc::_exit(0) };
+    }
+    let still = getcpu() == this;
+    unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+    let (cpu, stale) = traced_target("sched_wakeup_new", child);
+    let cpu = cpu?;
+    if !still {
+        return None;
+    }
+    let body = format!(
+        "\"cpus\":{cpus},\"task\":{{\"cpus_allowed\":\"{}\"}},\"request\":{{\"kind\":\"fork\",\"this_cpu\":{this}}}",
+        cpulist_str(allowed),
+    );
+    Some((body, cpu, stale))
+}
+
+/// A child running on `this` with the mask `allowed` records the state and
+/// execs this program, which reports where `sched_exec()` put it.
+fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
+    if !allowed.contains(&this) {
+        return None;
+    }
+    let mut res = [0i32; 2];
+    let mut rec = [0i32; 2];
+    unsafe {
+        libc::pipe(res.as_mut_ptr());
+        libc::pipe(rec.as_mut_ptr());
+    }
+    clear_trace();
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        pin(0, &[this]);
+        // Run a little so the task has a PELT history of its own.
+        let end = std::time::Instant::now() + Duration::from_millis(20);
+        while std::time::Instant::now() < end {}
+        pin(0, allowed);
+        let me = task_avgs(unsafe { libc::getpid() });
+        drain_trace(false);
+        mark_state_read();
+        let rqs = read_rqs(nr);
+        let here = getcpu();
+        let g = |k: &str| me.get(k).copied().unwrap_or(0);
+        let body = format!(
+            "{here}\n\"cpus\":{},\"task\":{{\"cpus_allowed\":\"{}\",\"util_avg\":{},\"util_est\":{},\"runnable_avg\":{},\"load_avg\":{}}},\"request\":{{\"kind\":\"exec\",\"this_cpu\":{this}}}",
+            cpus_json(&rqs),
+            cpulist_str(allowed),
+            g("se.avg.util_avg"),
+            g("se.avg.util_est"),
+            g("se.avg.runnable_avg"),
+            h_load(g("se.avg.load_avg"), rqs[this].load_avg),
+        );
+        unsafe {
+            libc::write(rec[1], body.as_ptr().cast(), body.len());
+            libc::close(rec[1]);
+        }
+        let prog = cs("/init");
+        let a1 = cs("exec-report");
+        let a2 = cs(&res[1].to_string());
+        let argv = [prog.as_ptr(), a1.as_ptr(), a2.as_ptr(), std::ptr::null()];
+        let envp = [std::ptr::null()];
+        unsafe {
+            libc::execve(prog.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            libc::_exit(1);
+        }
+    }
+    unsafe {
+        libc::close(res[1]);
+        libc::close(rec[1]);
+    }
+    // Wait for the exec'ed image to finish before reading the pipes: a
+    // reader blocked on them would be woken by the child's write and could
+    // land on a CPU the decision is about to look at.
+    unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+    let t = drain_trace(true);
+    let pat = format!(" pid={child} ");
+    let stale = stale_cpus(&t, |l| {
+        l.contains(" sched_process_exec: ") && l.contains(&pat)
+    });
+    let mut body = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let k = unsafe { libc::read(rec[0], buf.as_mut_ptr().cast(), buf.len()) };
+        if k <= 0 {
+            break;
+        }
+        body.extend_from_slice(&buf[..k as usize]);
+    }
+    let mut b = [0u8; 4];
+    let k = unsafe { libc::read(res[0], b.as_mut_ptr().cast(), 4) };
+    unsafe {
+        libc::close(res[0]);
+        libc::close(rec[0]);
+    }
+    let body = String::from_utf8(body).ok()?;
+    let (here, body) = body.split_once('\n')?;
+    if k != 4 || here.parse::<usize>().ok()? != this {
+        return None;
+    }
+    Some((body.to_string(), u32::from_le_bytes(b) as usize, stale))
+}
