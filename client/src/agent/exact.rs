@@ -328,7 +328,13 @@ impl Exact {
                     continue;
                 };
                 th.sum_exec_ns = t.sum_exec_ns;
-                seen.insert(t.tid, th);
+                // The file is printed CPU by CPU without one lock: a thread
+                // that migrates meanwhile shows on two CPUs. It is listed
+                // once, where it was seen first (the server refuses a task
+                // listed twice).
+                if seen.insert(t.tid, th).is_some() {
+                    continue;
+                }
                 if th.kernel || th.tgid == me || own.contains(&t.tid) {
                     continue;
                 }
