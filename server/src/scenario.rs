@@ -14,9 +14,6 @@ use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, Topolog
 use crate::engine::{View, can_migrate_task, select_task_rq};
 use crate::quote::{field_key, quote};
 
-/// The largest load, utilisation or flip count a scenario may give.
-/// The largest clock value.
-
 /// What a scenario asks.
 #[derive(Debug, Clone)]
 pub enum Request {
