@@ -36,6 +36,21 @@ pub fn bin(name: &str) -> PathBuf {
     bin_dir().join(name)
 }
 
+/// Where a started binary's stderr goes: a file `NAME-PID.log` (PID of the
+/// test process) in the folder `FAIRPLACE_TEST_LOGS` names, so a failing
+/// end-to-end test's server and agent logs can be read afterwards; otherwise
+/// nowhere.
+fn log_sink(name: &str) -> Stdio {
+    let Some(dir) = std::env::var_os("FAIRPLACE_TEST_LOGS") else {
+        return Stdio::null();
+    };
+    let path = Path::new(&dir).join(format!("{name}-{}.log", std::process::id()));
+    match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+        Ok(f) => Stdio::from(f),
+        Err(e) => panic!("FAIRPLACE_TEST_LOGS: cannot open {}: {e}", path.display()),
+    }
+}
+
 /// A running `fairplace-server serve`.
 pub struct Server {
     pub child: Child,
@@ -57,7 +72,7 @@ impl Server {
             ])
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log_sink("server"))
             .spawn()
             .expect("start fairplace-server");
         let mut line = String::new();
@@ -123,7 +138,7 @@ impl Agent {
             .args(["--server", server])
             .args(args)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_sink("agent"))
             .spawn()
             .expect("start fairplace-agent");
         Agent { child }
