@@ -169,6 +169,35 @@ fn update_idle_stamp(stamp: &mut i64, idle: bool, clock_ns: i64) -> i64 {
     *stamp
 }
 
+/// The runnable rows of one CPU's table to list, as (tid, running): the
+/// agent's own left out, and the rows of a thread `listed` already holds.
+///
+/// The file is printed CPU by CPU without the runqueue locks: a thread that
+/// migrates meanwhile shows on two CPUs, and a CPU that switches tasks
+/// meanwhile marks two rows current. The server rightly refuses both (a
+/// task listed twice, a second running task), so a thread is listed where
+/// it was seen first, and one row per CPU runs: `rq->curr` as the CPU's
+/// block printed it, else the first row marked current.
+fn runnable_rows(
+    c: &CpuSignals,
+    own: &HashSet<u32>,
+    listed: &mut HashSet<u32>,
+) -> Vec<(u32, bool)> {
+    let rows = || {
+        c.tasks
+            .iter()
+            .filter(|t| t.runnable() && !own.contains(&t.tid))
+    };
+    let curr = rows()
+        .find(|t| t.current && t.tid == c.curr_pid)
+        .or_else(|| rows().find(|t| t.current))
+        .map(|t| t.tid);
+    rows()
+        .filter(|t| listed.insert(t.tid))
+        .map(|t| (t.tid, curr == Some(t.tid)))
+        .collect()
+}
+
 /// One CPU as the protocol carries it, the agent's own runnable threads
 /// taken out.
 fn cpu_state(c: &CpuSignals, id: u32, online: bool, own: u32) -> pb::CpuState {
@@ -277,19 +306,16 @@ impl Exact {
         let runtime = self.runtime(&own, n);
         let mut per_cpu: Vec<Vec<TaskSample>> = vec![Vec::new(); n];
         let mut clocks = vec![0i64; n];
+        let mut listed: HashSet<u32> = HashSet::new();
         for c in self.last.iter().filter(|c| (c.cpu as usize) < n) {
             clocks[c.cpu as usize] = c.clock_task_ns.max(0);
             let queue = &mut per_cpu[c.cpu as usize];
-            for t in c
-                .tasks
-                .iter()
-                .filter(|t| t.runnable() && !own.contains(&t.tid))
-            {
-                if let Some(mut s) = read_runnable(&self.machine.proc, t.tid, self.machine.tick_ns)
+            for (tid, running) in runnable_rows(c, &own, &mut listed) {
+                if let Some(mut s) = read_runnable(&self.machine.proc, tid, self.machine.tick_ns)
                     && matches!(s.policy, 0 | 3 | 5)
                 {
                     s.cpu = c.cpu;
-                    s.running = t.current;
+                    s.running = running;
                     queue.push(s);
                 }
             }
@@ -463,6 +489,60 @@ mod tests {
         assert_eq!((s.nr_running, s.h_nr_idle), (1, 1));
         let s = cpu_state(&signals(1, 1, 1, 1), 0, true, 1);
         assert_eq!((s.nr_running, s.h_nr_idle, s.nr_delayed), (0, 0, 0));
+    }
+
+    fn row(tid: u32, state: char, current: bool) -> sched_debug::TableTask {
+        sched_debug::TableTask {
+            tid,
+            state,
+            current,
+            sum_exec_ns: 0,
+            prio: 120,
+        }
+    }
+
+    #[test]
+    fn a_thread_printed_twice_is_listed_once_and_one_row_per_cpu_runs() {
+        let own: HashSet<u32> = [9].into_iter().collect();
+        let mut listed = HashSet::new();
+        // CPU 0 switched from 11 to 12 while the file was printed: both
+        // rows say current; the block's curr->pid (12) decides. 13 sleeps,
+        // 9 is the agent.
+        let c0 = CpuSignals {
+            cpu: 0,
+            curr_pid: 12,
+            tasks: vec![
+                row(11, 'R', true),
+                row(12, 'R', true),
+                row(13, 'S', false),
+                row(9, 'R', false),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            runnable_rows(&c0, &own, &mut listed),
+            vec![(11, false), (12, true)]
+        );
+        // CPU 1: 12 migrated here during the print (listed on CPU 0
+        // already); curr->pid names a task the table does not mark, so the
+        // first row marked current runs.
+        let c1 = CpuSignals {
+            cpu: 1,
+            curr_pid: 99,
+            tasks: vec![row(12, 'R', false), row(14, 'R', true), row(15, 'R', true)],
+            ..Default::default()
+        };
+        assert_eq!(
+            runnable_rows(&c1, &own, &mut listed),
+            vec![(14, true), (15, false)]
+        );
+        // No row current (the CPU was idle when its block was printed).
+        let c2 = CpuSignals {
+            cpu: 2,
+            tasks: vec![row(16, 'R', false)],
+            ..Default::default()
+        };
+        assert_eq!(runnable_rows(&c2, &own, &mut listed), vec![(16, false)]);
     }
 
     #[test]

@@ -68,10 +68,8 @@ struct Args {
     /// Where per-CPU signals come from: auto (sched-debug if readable,
     /// else procfs, with a log line saying why), sched-debug (the kernel's
     /// own values; root and debugfs, mounted read-only if it is not), or
-    /// procfs (approximate). The default stays procfs while a busy
-    /// machine's sched/debug reads still draw an occasional refused update
-    /// (issue 13 is open); the DaemonSet asks for auto.
-    #[arg(long, default_value = "procfs", value_parser = ["auto", "sched-debug", "procfs"])]
+    /// procfs (approximate).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "sched-debug", "procfs"])]
     signal_source: String,
     /// CPU budget of sched/debug reads, % of one core: the kernel walks
     /// every thread to print the file (about 1 µs each), so with many
