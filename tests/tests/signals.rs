@@ -23,9 +23,12 @@
 //! has the agent's very clock, that read is the kernel's state itself.
 //!
 //! Both the agent's read and the test's see every runnable thread of the
-//! machine, the test's own among them; the agent takes its own threads out
-//! of what it sends, so the test takes the agent's threads (not its own)
-//! out of the kernel's counts.
+//! machine, and each reader is itself running while it reads (an artifact
+//! of looking), so the test process is taken out of both sides: the agent
+//! leaves its own threads out of what it sends; the test takes the agent's
+//! threads and its own out of the kernel's counts, and out of the agent's
+//! count the threads of the test the agent listed runnable on that CPU
+//! (its reading thread, for one, waiting for a CPU when the agent read).
 //!
 //! A sample's error is the worst relative error over both CPUs of
 //! load_avg, runnable_avg and util_avg, relative to the kernel's value with
@@ -99,7 +102,8 @@ fn threads_of(pid: u32) -> HashSet<u32> {
         .unwrap_or_default()
 }
 
-/// The kernel's view of one CPU, the agent's runnable threads taken out.
+/// The kernel's view of one CPU, the agent's and the test's runnable
+/// threads taken out.
 #[derive(Clone, Copy, Debug)]
 struct Kernel {
     clock_task: i64,
@@ -110,7 +114,7 @@ struct Kernel {
     util: i64,
 }
 
-fn kernel_now(r: &mut sched_debug::Reader, agent: &HashSet<u32>) -> Vec<Kernel> {
+fn kernel_now(r: &mut sched_debug::Reader, readers: &HashSet<u32>) -> Vec<Kernel> {
     let text = r.read().expect("read sched/debug");
     let cpus = sched_debug::parse(text).expect("parse sched/debug");
     cpus.iter()
@@ -118,7 +122,7 @@ fn kernel_now(r: &mut sched_debug::Reader, agent: &HashSet<u32>) -> Vec<Kernel> 
             let theirs = c
                 .tasks
                 .iter()
-                .filter(|t| t.runnable() && agent.contains(&t.tid))
+                .filter(|t| t.runnable() && readers.contains(&t.tid))
                 .count() as u32;
             let cfs = c.cfs.expect("a root cfs_rq");
             Kernel {
@@ -142,15 +146,17 @@ fn sample_kernel(
     history: History,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
-    let mut agent = threads_of(agent_pid);
     let mut reads = 0u32;
+    let mut readers = HashSet::new();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        // The agent's threads are its runtime's; a new one is rare.
-        reads += 1;
+        // The agent's and the test's threads are their runtimes'; a new
+        // one is rare.
         if reads % 100 == 0 {
-            agent = threads_of(agent_pid);
+            readers = threads_of(agent_pid);
+            readers.extend(threads_of(std::process::id()));
         }
-        let k = kernel_now(&mut r, &agent);
+        reads += 1;
+        let k = kernel_now(&mut r, &readers);
         let mut h = history.lock().unwrap();
         if h.len() >= 700 {
             h.pop_front();
@@ -213,7 +219,14 @@ fn compare(n: &pb::GetNodeResponse, history: &History) -> (f64, bool) {
             worst = worst.max(outside(x, lo, hi));
         }
         let counts = |k: &Kernel| (k.nr_running, k.h_nr_idle);
-        let agent = (r.nr_running, r.h_nr_idle);
+        let test_threads = n
+            .tasks
+            .iter()
+            .filter(|l| l.cpu == cpu as u32)
+            .flat_map(|l| &l.tasks)
+            .filter(|t| t.group == u64::from(std::process::id()))
+            .count() as u32;
+        let agent = (r.nr_running.saturating_sub(test_threads), r.h_nr_idle);
         if agent != counts(&b) && agent != counts(&a) {
             println!(
                 "cpu {cpu}: agent (nr_running, h_nr_idle) {agent:?}, kernel {:?} at {} and {:?} at {} (agent {clock})",
@@ -247,7 +260,8 @@ fn the_agent_reports_the_kernels_own_signals() {
         println!("skipped: the workload needs two CPUs, this machine has {ncpus}");
         return;
     }
-    let work = workload();
+    // The server first: starting it builds the binaries when they are
+    // not built, which the spinners would slow down.
     let server = Server::start(&[]);
     let agent = Agent::start(
         &server.grpc,
@@ -260,6 +274,7 @@ fn the_agent_reports_the_kernels_own_signals() {
             "sched-debug",
         ],
     );
+    let work = workload();
     let history: History = Default::default();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
