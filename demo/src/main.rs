@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use fairplace_client::agent::{Machine, Simulated, StreamConfig, StreamStats, stream};
+use fairplace_client::agent::{Simulated, Source, StreamConfig, StreamStats, signal, stream};
 use fairplace_client::table::{migration_type_name, render};
 use fairplace_client::{Client, pb};
 use tokio::sync::watch;
@@ -96,6 +96,8 @@ struct Agents {
     node_id: String,
     sim_id: String,
     nr_cpus: u32,
+    /// Where the local agent's signals come from (`signal::name`).
+    signals: &'static str,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -114,10 +116,12 @@ fn stream_config(server: SocketAddr, node_id: &str, zone: &str) -> StreamConfig 
 }
 
 fn start_agents(server: SocketAddr) -> Result<Agents, String> {
-    let machine = Machine::local()
-        .map_err(|e| format!("reading this machine's topology: {e}"))?
-        .with_task_cap(32);
-    let nr_cpus = machine.nr_cpus() as u32;
+    // The agent's own choice: the kernel's signals where readable (root),
+    // else /proc, with a log line saying why.
+    let machine = signal::open(signal::Choice::Auto, &signal::Paths::default(), 32, 3.5)
+        .map_err(|e| format!("reading this machine's topology: {e}"))?;
+    let nr_cpus = machine.topology().cpus.len() as u32;
+    let signals = signal::name(machine.signal_source() as i32);
     let node_id = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "localhost".into());
@@ -147,6 +151,7 @@ fn start_agents(server: SocketAddr) -> Result<Agents, String> {
         node_id,
         sim_id,
         nr_cpus,
+        signals,
         stop,
         tasks: vec![local, simulated],
     })
@@ -276,8 +281,8 @@ async fn show_decisions(client: &Client, agents: &Agents) {
         rows.push(row);
     }
     println!(
-        "fairplace demo: node {} ({} CPUs) reported by the local agent\n",
-        agents.node_id, agents.nr_cpus
+        "fairplace demo: node {} ({} CPUs) reported by the local agent (signals: {})\n",
+        agents.node_id, agents.nr_cpus, agents.signals
     );
     let header = [
         "request", "node", "cpu", "path", "scanned", "state", "age_s",
