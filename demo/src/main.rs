@@ -9,8 +9,6 @@
 //! together, which is why it is a crate of its own.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -350,29 +348,46 @@ async fn show_cache(client: &Client, sim_id: &str) {
     }
 }
 
+/// A child shell spinning on a CPU while the decisions are asked; it
+/// stops when dropped, and by itself if the demo dies first (it spins only
+/// while its parent lives).
+struct Spinner(std::process::Child);
+
+impl Spinner {
+    fn start() -> Result<Spinner, String> {
+        let script = format!(
+            "while kill -0 {} 2>/dev/null; do :; done",
+            std::process::id()
+        );
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .spawn()
+            .map(Spinner)
+            .map_err(|e| format!("starting a busy process (sh): {e}"))
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The main job: server, agents, a few real decisions, then serve a while.
 async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), String> {
     let server = start_server(grpc_port, metrics_port).await?;
-    // A busy thread stands in for a task that is running and will exec, so
-    // the live state has a CPU an exec can come from.
-    let spin = Arc::new(AtomicBool::new(true));
-    let spinner = {
-        let spin = Arc::clone(&spin);
-        std::thread::spawn(move || {
-            let mut x = 0u64;
-            while spin.load(Ordering::Relaxed) {
-                x = std::hint::black_box(x.wrapping_add(1));
-            }
-        })
-    };
+    // A busy process stands in for a task that is running and will exec,
+    // so the live state has a CPU an exec can come from. A process, not a
+    // thread of the demo: the agent leaves its own process's threads out.
+    let spinner = Spinner::start()?;
     let agents = start_agents(server.grpc)?;
     let client = Client::connect(&server.grpc.to_string())
         .await
         .map_err(|e| e.to_string())?;
     wait_for_reports(&client, &[&agents.node_id, &agents.sim_id]).await?;
     show_decisions(&client, &agents).await;
-    spin.store(false, Ordering::Relaxed);
-    let _ = spinner.join();
+    drop(spinner);
     show_balance(&client, &agents).await?;
     show_cache(&client, &agents.sim_id).await;
     let grpc = server.grpc;
