@@ -1,7 +1,9 @@
-//! Fidelity of the agent's exact signal source on the real machine: CPUs
+//! Fidelity of the agent's exact signal sources on the real machine: CPUs
 //! kept busy in known ways, what the agent reports (through the real
 //! server's GetNode) against what the kernel's sched/debug says at the same
-//! moment.
+//! moment. The sched-debug source always; the BPF source when the tests are
+//! built with `--features fairplace-e2e/bpf` (it reports the same
+//! `clock_task`, read by its program from the same runqueue).
 //!
 //! The workload (CPU 0 and CPU 1; the test needs two CPUs):
 //! - CPU 1: two nice-0 spinners sharing it (nr_running 2, util ~1024,
@@ -163,6 +165,24 @@ fn median(v: &mut [f64]) -> f64 {
 
 #[test]
 fn the_agent_reports_the_kernels_own_signals() {
+    fidelity("sched-debug", pb::SignalSource::SchedDebug);
+}
+
+#[cfg(feature = "bpf")]
+#[test]
+fn the_bpf_source_reports_the_kernels_own_signals() {
+    // Skipped, saying why, where the program cannot load (no privilege, no
+    // BTF): the agent would refuse --signal-source bpf.
+    if let Err(why) = fairplace_client::agent::bpf::Program::load(1) {
+        println!("skipped: the BPF program does not load here ({why})");
+        return;
+    }
+    fidelity("bpf", pb::SignalSource::Bpf);
+}
+
+/// The comparison, with the agent reading `source`, which it must report
+/// as `expected`.
+fn fidelity(source: &str, expected: pb::SignalSource) {
     let reader = match readable() {
         Ok(r) => r,
         Err(why) => {
@@ -185,7 +205,7 @@ fn the_agent_reports_the_kernels_own_signals() {
             "--interval-ms",
             "200",
             "--signal-source",
-            "sched-debug",
+            source,
         ],
     );
     let history: History = Default::default();
@@ -220,7 +240,7 @@ fn the_agent_reports_the_kernels_own_signals() {
             // Let the sampler read past the agent's read.
             tokio::time::sleep(Duration::from_millis(10)).await;
             let s = n.summary.as_ref().unwrap();
-            assert_eq!(s.signal_source, pb::SignalSource::SchedDebug as i32);
+            assert_eq!(s.signal_source, expected as i32);
             assert!(s.exact_signals);
             let mut worst = 0.0f64;
             let mut ok = true;
@@ -274,7 +294,7 @@ fn the_agent_reports_the_kernels_own_signals() {
     let med = median(&mut errors);
     let mismatched = median(&mut counts_ok);
     println!(
-        "median worst relative error {:.1} %, samples {errors:?}",
+        "{source}: median worst relative error {:.1} %, samples {errors:?}",
         med * 100.0
     );
     // The bar is a median under 15 % with nr_running matching; on
