@@ -110,12 +110,32 @@ impl Program {
         let max_bytes = record::HEADER_SIZE
             + nr_cpus * record::CPU_SIZE
             + MAX_TASK_RECORDS as usize * record::TASK_SIZE;
-        Ok(Program {
+        let mut p = Program {
             skel,
             link,
             nr_cpus,
             max_bytes,
-        })
+        };
+        p.check()?;
+        Ok(p)
+    }
+
+    /// One read at load time, so that a source that cannot work is refused
+    /// at start (and `auto` moves on) rather than failing at its first
+    /// report: it must decode and name at least one CPU (none without group
+    /// scheduling, where a task's cfs_rq does not lead to its rq).
+    fn check(&mut self) -> Result<(), String> {
+        let mut buf = Vec::new();
+        let mut snap = Snapshot::default();
+        self.read(&vec![0; self.nr_cpus], &mut buf)
+            .map_err(|e| format!("reading the task iterator: {e}"))?;
+        record::decode(&buf, self.nr_cpus, &mut snap).map_err(|e| e.to_string())?;
+        if !snap.cpus.iter().flatten().any(|c| c.present()) {
+            return Err(
+                "the program found no runqueue (a kernel without CONFIG_FAIR_GROUP_SCHED?)".into(),
+            );
+        }
+        Ok(())
     }
 
     /// One read into `buf` (cleared first): a new iterator fd, read until
