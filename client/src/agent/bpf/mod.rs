@@ -55,8 +55,9 @@ pub const FULL_EVERY: u64 = 64;
 
 /// The loaded program and its iterator link.
 pub struct Program {
-    skel: skel::SnapshotSkel<'static>,
+    // The link first: it is dropped before the object its program is in.
     link: libbpf_rs::Link,
+    skel: skel::SnapshotSkel<'static>,
     nr_cpus: usize,
     /// The bytes of a read past which the rest is not read.
     max_bytes: usize,
@@ -85,6 +86,10 @@ impl Program {
                 "the kernel has no BTF (/sys/kernel/btf/vmlinux): CO-RE cannot relocate".into(),
             );
         }
+        // libbpf's own messages go to the agent's log, at debug level: the
+        // reason a load failed is in the error returned (one log line when
+        // `auto` moves on), not on stderr beside it.
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, libbpf_log)));
         // The open object must outlive the skeleton, which lives as long as
         // the agent: one small allocation per load, kept.
         let open_object: &'static mut MaybeUninit<libbpf_rs::OpenObject> =
@@ -111,8 +116,8 @@ impl Program {
             + nr_cpus * record::CPU_SIZE
             + MAX_TASK_RECORDS as usize * record::TASK_SIZE;
         let mut p = Program {
-            skel,
             link,
+            skel,
             nr_cpus,
             max_bytes,
         };
@@ -181,6 +186,11 @@ impl Program {
             .as_deref()
             .map_or(0, |b| b.tasks_written)
     }
+}
+
+/// libbpf's messages, one trimmed line each, at debug level.
+fn libbpf_log(_level: libbpf_rs::PrintLevel, msg: String) {
+    tracing::debug!(target: "libbpf", "{}", msg.trim_end());
 }
 
 /// A thread the runtime accounting knows.
