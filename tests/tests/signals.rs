@@ -180,9 +180,14 @@ fn the_bpf_source_reports_the_kernels_own_signals() {
     fidelity("bpf", pb::SignalSource::Bpf);
 }
 
+/// One comparison at a time: each keeps both CPUs busy in its own known
+/// way, and two at once would each see the other's spinners.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The comparison, with the agent reading `source`, which it must report
 /// as `expected`.
 fn fidelity(source: &str, expected: pb::SignalSource) {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let reader = match readable() {
         Ok(r) => r,
         Err(why) => {
