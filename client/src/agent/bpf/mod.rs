@@ -367,7 +367,7 @@ impl Source for Bpf {
         let me = self.snap.me();
         let own = own_per_cpu(&self.snap, me, n);
         let mut out = Vec::with_capacity(n);
-        for i in 0..n {
+        for (i, &mine) in own.iter().enumerate() {
             let Some(c) = self
                 .snap
                 .cpus
@@ -384,7 +384,7 @@ impl Source for Bpf {
                 continue;
             };
             let cap = self.capacity_orig.get(i).copied().unwrap_or(1024);
-            let mut s = cpu_state(&c, own[i], cap);
+            let mut s = cpu_state(&c, mine, cap);
             s.id = i as u32;
             let idle = s.online && s.nr_running == 0;
             s.idle_stamp = idle_stamp(&mut self.first_idle[i], idle, &c);
