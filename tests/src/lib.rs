@@ -27,6 +27,11 @@ pub fn bin(name: &str) -> PathBuf {
         // unify the same way: after a workspace test build this is a no-op,
         // not a relink of every binary against another set of features.
         cmd.args(["build", "--workspace", "--bins", "--tests"]);
+        // With the BPF source under test, the agent is built with it (the
+        // test run itself was started with `--features fairplace-e2e/bpf`).
+        if cfg!(feature = "bpf") {
+            cmd.args(["--features", "fairplace-e2e/bpf"]);
+        }
         if release {
             cmd.arg("--release");
         }

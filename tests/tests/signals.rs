@@ -1,7 +1,9 @@
-//! Fidelity of the agent's exact signal source on the real machine: CPUs
+//! Fidelity of the agent's exact signal sources on the real machine: CPUs
 //! kept busy in known ways, what the agent reports (through the real
 //! server's GetNode) against what the kernel's sched/debug says at the same
-//! moment.
+//! moment. The sched-debug source always; the BPF source when the tests are
+//! built with `--features fairplace-e2e/bpf` (it reports the same
+//! `clock_task`, read by its program from the same runqueue).
 //!
 //! The workload (CPU 0 and CPU 1; the test needs two CPUs):
 //! - CPU 1: two nice-0 spinners sharing it (nr_running 2, util ~1024,
@@ -248,6 +250,29 @@ fn median(v: &mut [f64]) -> f64 {
 
 #[test]
 fn the_agent_reports_the_kernels_own_signals() {
+    fidelity("sched-debug", pb::SignalSource::SchedDebug);
+}
+
+#[cfg(feature = "bpf")]
+#[test]
+fn the_bpf_source_reports_the_kernels_own_signals() {
+    // Skipped, saying why, where the program cannot load (no privilege, no
+    // BTF): the agent would refuse --signal-source bpf.
+    if let Err(why) = fairplace_client::agent::bpf::Program::load(1) {
+        println!("skipped: the BPF program does not load here ({why})");
+        return;
+    }
+    fidelity("bpf", pb::SignalSource::Bpf);
+}
+
+/// One comparison at a time: each keeps both CPUs busy in its own known
+/// way, and two at once would each see the other's spinners.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The comparison, with the agent reading `source`, which it must report
+/// as `expected`.
+fn fidelity(source: &str, expected: pb::SignalSource) {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let reader = match readable() {
         Ok(r) => r,
         Err(why) => {
@@ -271,7 +296,7 @@ fn the_agent_reports_the_kernels_own_signals() {
             "--interval-ms",
             "200",
             "--signal-source",
-            "sched-debug",
+            source,
         ],
     );
     let work = workload();
@@ -304,7 +329,7 @@ fn the_agent_reports_the_kernels_own_signals() {
             // Let the sampler read past the agent's read.
             tokio::time::sleep(Duration::from_millis(10)).await;
             let s = n.summary.as_ref().unwrap();
-            assert_eq!(s.signal_source, pb::SignalSource::SchedDebug as i32);
+            assert_eq!(s.signal_source, expected as i32);
             assert!(s.exact_signals);
             let (worst, ok) = compare(&n, &history);
             errors.push(worst);
@@ -328,7 +353,7 @@ fn the_agent_reports_the_kernels_own_signals() {
     let mismatched = median(&mut counts_ok);
     let matched = counts_ok.iter().filter(|&&x| x == 0.0).count();
     println!(
-        "median worst relative error {:.1} %, counts matched in {matched}/{} samples, errors {errors:?}",
+        "{source}: median worst relative error {:.1} %, counts matched in {matched}/{} samples, errors {errors:?}",
         med * 100.0,
         counts_ok.len()
     );

@@ -29,8 +29,10 @@ struct Args {
     /// Report intervals (ms).
     #[arg(long, value_delimiter = ',', default_value = "1000,100")]
     intervals_ms: Vec<u64>,
-    /// Signal sources (the agent's --signal-source values).
-    #[arg(long, value_delimiter = ',', default_value = "sched-debug,procfs")]
+    /// Signal sources (the agent's --signal-source values). A source the
+    /// agent cannot open here (bpf not built in, no privilege) is left out
+    /// with a line saying why.
+    #[arg(long, value_delimiter = ',', default_value = "bpf,sched-debug,procfs")]
     sources: Vec<String>,
     /// procfs is measured at intervals of at least this many ms only (it
     /// reads every thread each report).
@@ -153,6 +155,19 @@ fn age_p99(metrics: &str, window: Duration) -> f64 {
     ages.get(ages.len() * 99 / 100).copied().unwrap_or(f64::NAN)
 }
 
+/// Whether the agent opens `source` here: the error it prints if not.
+fn opens(source: &str) -> Result<(), String> {
+    let out = Command::new(sibling("fairplace-agent"))
+        .args(["--signal-source", source, "--print-once"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    Err(err.lines().last().unwrap_or("failed").trim().to_string())
+}
+
 /// One point: the agent's CPU ms per report, its share of one core, the
 /// reports and the share of them that read sched/debug.
 fn measure(
@@ -222,6 +237,17 @@ fn main() {
         .spawn()
         .expect("fairplace-server");
     std::thread::sleep(Duration::from_millis(500));
+    let sources: Vec<&String> = a
+        .sources
+        .iter()
+        .filter(|s| match opens(s) {
+            Ok(()) => true,
+            Err(why) => {
+                eprintln!("left out: --signal-source {s}: {why}");
+                false
+            }
+        })
+        .collect();
     println!(
         "| threads on the machine | source | interval | agent CPU per report | agent CPU (% of one core) | reports | reports that read the kernel | server's state age p99 |"
     );
@@ -236,7 +262,7 @@ fn main() {
                     .sum::<usize>()
             })
             .unwrap_or(0);
-        for src in &a.sources {
+        for src in sources.iter().copied() {
             for &iv in &a.intervals_ms {
                 if src == "procfs" && iv < a.procfs_min_interval_ms {
                     continue;

@@ -11,6 +11,8 @@
 //! after that ([`limits`]), so a refusal never stops the reports.
 
 pub mod apply;
+#[cfg(feature = "bpf")]
+pub mod bpf;
 pub mod exact;
 pub mod limits;
 pub mod pelt;

@@ -1,13 +1,15 @@
 //! Which reader supplies a machine's per-CPU signals, chosen once when the
 //! agent starts, and how the choice is named on the wire and to people.
 //!
-//! The order of preference is the order of fidelity: BPF (not built into
-//! this agent yet), then the kernel's `sched/debug` (exact values, needs
-//! root and debugfs), then `/proc` (everyone can read it, but the counts are
-//! reconstructed and the PELT averages re-derived, so it is marked
-//! approximate). `auto` takes the best that works here and says in one log
-//! line why a better one was passed over; naming a source forces it (and
-//! fails if it cannot be read).
+//! The order of preference is the order of fidelity and cost: BPF (the
+//! kernel's values read by a small program, cheapest; needs CAP_BPF and
+//! CAP_PERFMON, and the agent built with the `bpf` feature), then the
+//! kernel's `sched/debug` (exact values, needs root and debugfs), then
+//! `/proc` (everyone can read it, but the counts are reconstructed and the
+//! PELT averages re-derived, so it is marked approximate). `auto` takes the
+//! best that works here and says in one log line per source passed over
+//! why; naming a source forces it (and fails if it cannot be read, or, for
+//! bpf, if it is not built in).
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +21,7 @@ use super::{Machine, Source, exact::Exact, sched_debug};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Choice {
     Auto,
+    Bpf,
     SchedDebug,
     Procfs,
 }
@@ -29,11 +32,15 @@ impl std::str::FromStr for Choice {
     fn from_str(s: &str) -> Result<Choice, String> {
         match s {
             "auto" => Ok(Choice::Auto),
+            "bpf" if cfg!(feature = "bpf") => Ok(Choice::Bpf),
+            "bpf" => Err(
+                "bpf: this agent was built without the BPF source (build fairplace-client with \
+                 --features bpf, which needs clang and libelf-dev)"
+                    .into(),
+            ),
             "sched-debug" => Ok(Choice::SchedDebug),
             "procfs" => Ok(Choice::Procfs),
-            _ => Err(format!(
-                "{s:?}: expected auto, sched-debug or procfs (bpf is not built into this agent)"
-            )),
+            _ => Err(format!("{s:?}: expected auto, bpf, sched-debug or procfs")),
         }
     }
 }
@@ -58,7 +65,8 @@ impl Default for Paths {
 
 /// The machine's reader for `choice`, with up to `task_cap` runnable tasks
 /// per CPU, sched/debug reads paced to `read_budget_pct` % of one core (0:
-/// unpaced). `auto` falls back to procfs with one log line saying why.
+/// unpaced). `auto` falls back from bpf to sched/debug to procfs with one
+/// log line per fallback saying why.
 pub fn open(
     choice: Choice,
     paths: &Paths,
@@ -69,6 +77,10 @@ pub fn open(
     if choice == Choice::Procfs {
         return Ok(Box::new(machine));
     }
+    let machine = match open_bpf(choice, machine)? {
+        Ok(source) => return Ok(source),
+        Err(machine) => machine,
+    };
     match try_sched_debug(&paths.sched_debug) {
         Ok(reader) => Ok(Box::new(
             Exact::new(machine, reader).with_budget(read_budget_pct),
@@ -82,6 +94,35 @@ pub fn open(
         }
         Err(why) => Err(std::io::Error::other(why)),
     }
+}
+
+/// The BPF source where `choice` asks for it (bpf, auto) and it loads; the
+/// machine back otherwise (auto, with one log line saying why), or an
+/// error (bpf).
+#[cfg(feature = "bpf")]
+fn open_bpf(choice: Choice, machine: Machine) -> std::io::Result<Result<Box<dyn Source>, Machine>> {
+    if !matches!(choice, Choice::Bpf | Choice::Auto) {
+        return Ok(Err(machine));
+    }
+    match super::bpf::Program::load(machine.nr_cpus()) {
+        Ok(p) => Ok(Ok(Box::new(super::bpf::Bpf::new(machine, p)))),
+        Err(why) if choice == Choice::Auto => {
+            tracing::warn!(reason = %why, "the BPF source does not load: trying sched/debug");
+            Ok(Err(machine))
+        }
+        Err(why) => Err(std::io::Error::other(format!("bpf: {why}"))),
+    }
+}
+
+/// Without the `bpf` feature there is no BPF source: `auto` says so once.
+#[cfg(not(feature = "bpf"))]
+fn open_bpf(choice: Choice, machine: Machine) -> std::io::Result<Result<Box<dyn Source>, Machine>> {
+    if choice == Choice::Auto {
+        tracing::info!(
+            "the BPF source is not built into this agent (feature bpf): trying sched/debug"
+        );
+    }
+    Ok(Err(machine))
 }
 
 /// Opens and parses the file once, mounting debugfs read-only first if
@@ -113,11 +154,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn choices_parse_and_bpf_is_refused_with_a_reason() {
+    fn choices_parse_and_bpf_needs_the_feature() {
         assert_eq!("auto".parse::<Choice>(), Ok(Choice::Auto));
         assert_eq!("sched-debug".parse::<Choice>(), Ok(Choice::SchedDebug));
         assert_eq!("procfs".parse::<Choice>(), Ok(Choice::Procfs));
-        assert!("bpf".parse::<Choice>().unwrap_err().contains("not built"));
+        if cfg!(feature = "bpf") {
+            assert_eq!("bpf".parse::<Choice>(), Ok(Choice::Bpf));
+        } else {
+            assert!(
+                "bpf"
+                    .parse::<Choice>()
+                    .unwrap_err()
+                    .contains("without the BPF source")
+            );
+        }
+        assert!("ebpf".parse::<Choice>().is_err());
     }
 
     #[test]
@@ -129,7 +180,10 @@ mod tests {
         let Ok(s) = open(Choice::Auto, &paths, 0, 0.0) else {
             return; // no sysfs topology here
         };
-        assert_eq!(s.signal_source(), pb::SignalSource::Procfs);
+        // Where the BPF source is built and loads, auto never gets to it.
+        if s.signal_source() != pb::SignalSource::Bpf {
+            assert_eq!(s.signal_source(), pb::SignalSource::Procfs);
+        }
         assert!(open(Choice::SchedDebug, &paths, 0, 0.0).is_err());
     }
 
@@ -140,8 +194,14 @@ mod tests {
             eprintln!("skipped: sched/debug is not readable here");
             return;
         }
-        let s = open(Choice::Auto, &paths, 0, 0.0).unwrap();
+        let s = open(Choice::SchedDebug, &paths, 0, 0.0).unwrap();
         assert_eq!(s.signal_source(), pb::SignalSource::SchedDebug);
         assert_eq!(name(s.signal_source() as i32), "sched_debug");
+        // auto prefers BPF where it is built and loads.
+        let s = open(Choice::Auto, &paths, 0, 0.0).unwrap();
+        if cfg!(feature = "bpf") && s.signal_source() == pb::SignalSource::Bpf {
+            return;
+        }
+        assert_eq!(s.signal_source(), pb::SignalSource::SchedDebug);
     }
 }

@@ -65,11 +65,13 @@ struct Args {
     /// procfs root.
     #[arg(long, default_value = "/proc")]
     proc_root: String,
-    /// Where per-CPU signals come from: auto (sched-debug if readable,
-    /// else procfs, with a log line saying why), sched-debug (the kernel's
-    /// own values; root and debugfs, mounted read-only if it is not), or
-    /// procfs (approximate).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "sched-debug", "procfs"])]
+    /// Where per-CPU signals come from: auto (bpf if built in and it
+    /// loads, else sched-debug if readable, else procfs, with a log line
+    /// per fallback saying why), bpf (the kernel's own values read by a BPF
+    /// program; needs the `bpf` build feature and CAP_BPF + CAP_PERFMON),
+    /// sched-debug (the kernel's own values; root and debugfs, mounted
+    /// read-only if it is not), or procfs (approximate).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "bpf", "sched-debug", "procfs"])]
     signal_source: String,
     /// CPU budget of sched/debug reads, % of one core: the kernel walks
     /// every thread to print the file (about 1 µs each), so with many
