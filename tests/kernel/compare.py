@@ -141,10 +141,16 @@ def excluded(s):
     - `sgc_imbalance`: a fork or exec whose allowed CPUs include one whose
       group has `sgc->imbalance` set (read at the decision); the slow path
       classifies such a group `group_imbalanced`, and the scenario format
-      fixes the field at 0."""
+      fixes the field at 0;
+    - `changed_during_decision`: a CPU entered or left idle (trace) between
+      the probe reading and the trace line that shows the decision made
+      (the task's migration or wakeup event): the kernel reads the runqueues
+      a little after the probe, and a vCPU can stall in between under TCG."""
     gen = s.get("generator", {})
     if gen.get("source") != "kprobe":
         return "stale" if gen.get("stale_cpus") else None
+    if gen.get("changed_during"):
+        return "changed_during_decision"
     if s["request"]["kind"] in ("fork", "exec") and gen.get("sgc_imbalance"):
         allowed = s["task"].get("cpus_allowed")
         allowed = set(cpulist(allowed)) if allowed else None

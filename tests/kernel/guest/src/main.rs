@@ -665,6 +665,7 @@ fn at_decision(body: &str, p: &[BTreeMap<String, i64>]) -> (String, String) {
         out = set_int(&out, "recent_used_cpu", v(0, "ruc"));
         out = with_flips(&out, p);
     }
+    out = with_h_loads(&out, p);
     let llc = LLC.lock().unwrap().clone();
     let mut hints = BTreeMap::new();
     for (c, &l) in llc.iter().enumerate().take(p.len()) {
@@ -689,7 +690,10 @@ fn at_decision(body: &str, p: &[BTreeMap<String, i64>]) -> (String, String) {
         }
     }
     let hidden = format!(
-        ",\"source\":\"kprobe\",\"on_cpu\":{},\"wake_flags\":{},\"sgc_imbalance\":[{}]",
+        ",\"source\":\"kprobe\",\"changed_during\":{:?},\"on_cpu\":{},\"wake_flags\":{},\"sgc_imbalance\":[{}]",
+        (0..p.len())
+            .filter(|c| v(0, "changed") >> c & 1 == 1)
+            .collect::<Vec<_>>(),
         v(0, "on"),
         v(0, "wf"),
         imb.join(",")
@@ -722,6 +726,42 @@ fn with_flips(body: &str, p: &[BTreeMap<String, i64>]) -> String {
             ),
             1,
         )
+}
+
+/// The body with `task_h_load()` of the placed task (on its `task_cpu`, the
+/// probe's prev) and, for a wakeup, of the waker (current on `this_cpu`),
+/// computed as the kernel does from what the probes read: `se.avg.load_avg *
+/// h_load / (cfs_rq load_avg + 1)`, where `h_load` is the stored value when it
+/// was updated in this jiffy and the cfs_rq's load otherwise (every task is
+/// in the root group: `noautogroup`).
+fn with_h_loads(body: &str, p: &[BTreeMap<String, i64>]) -> String {
+    let v = |c: usize, k: &str| p.get(c).and_then(|m| m.get(k)).copied().unwrap_or(0);
+    let h_load = |c: usize, se_load: i64| {
+        let h = if v(c, "hu") == v(0, "jf") {
+            v(c, "hl")
+        } else {
+            v(c, "l")
+        };
+        se_load * h / (v(c, "l") + 1)
+    };
+    let int_of = |key: &str| {
+        body.split_once(&format!("\"{key}\":"))
+            .and_then(|(_, r)| r.split(|ch: char| !ch.is_ascii_digit()).next())
+            .and_then(|n| n.parse::<usize>().ok())
+    };
+    let mut out = body.to_string();
+    let Some(t) = out.find("\"task\":{") else {
+        return out;
+    };
+    if out[t..].contains("\"load_avg\":") {
+        let cpu = v(0, "prev") as usize;
+        let tail = set_int(&out[t..], "load_avg", h_load(cpu, v(0, "pl")));
+        out = format!("{}{tail}", &out[..t]);
+    }
+    if let (Some(this), true) = (int_of("this_cpu"), out.contains("\"waker_load\":")) {
+        out = set_int(&out, "waker_load", h_load(this, v(this, "sl")));
+    }
+    out
 }
 
 /// `body` with the integer field `"key":N` set to `val`.

@@ -158,6 +158,10 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
         ("r", avg + o("sched_avg", "runnable_avg")?, "u64"),
         ("u", avg + o("sched_avg", "util_avg")?, "u64"),
         ("e", avg + o("sched_avg", "util_est")?, "u32"),
+        // task_h_load()'s factor: cfs_rq->h_load, recomputed when
+        // last_h_load_update is not the current jiffy.
+        ("hl", cfs + o("cfs_rq", "h_load")?, "u64"),
+        ("hu", cfs + o("cfs_rq", "last_h_load_update")?, "u64"),
     ];
     let curr = o("rq", "curr")?;
     let sd = o("rq", "sd")?;
@@ -168,6 +172,7 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
     let flips = o("task_struct", "wakee_flips")?;
     let decay = o("task_struct", "wakee_flip_decay_ts")?;
     let last_wakee = o("task_struct", "last_wakee")?;
+    let se_load = o("task_struct", "se")? + o("sched_entity", "avg")? + o("sched_avg", "load_avg")?;
     let (parent, groups) = (o("sched_domain", "parent")?, o("sched_domain", "groups")?);
     let (sgc, imb) = (
         o("sched_group", "sgc")?,
@@ -184,7 +189,7 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
         let mut a = format!("p:fp/c{c} select_task_rq_fair pid=+{pid}($arg1):s32");
         if c == 0 {
             a += &format!(
-                " prev=$arg2:s32 wf=$arg3:s32 ruc=+{ruc}($arg1):s32 p=$arg1:x64 pf=+{flips}($arg1):u32 jf=@jiffies:u64"
+                " prev=$arg2:s32 wf=$arg3:s32 ruc=+{ruc}($arg1):s32 p=$arg1:x64 pf=+{flips}($arg1):u32 jf=@jiffies:u64 pl=+{se_load}($arg1):u64"
             );
         }
         for (n, off, ty) in &fields {
@@ -192,7 +197,9 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
         }
         a += &format!(" cp=+{pid}({}):s32", at(curr));
         let cur = at(curr);
-        a += &format!(" cf=+{flips}({cur}):u32 cd=+{decay}({cur}):u64 cl=+{last_wakee}({cur}):x64");
+        a += &format!(
+            " cf=+{flips}({cur}):u32 cd=+{decay}({cur}):u64 cl=+{last_wakee}({cur}):x64 sl=+{se_load}({cur}):u64"
+        );
         // The LLC's shared object (every LLC here has two or more CPUs).
         let shared = format!("+{llc_shared}({pc})");
         a += &format!(" ic=+{idle_cores}({shared}):s32 ns=+{idle_scan}({shared}):s32");
@@ -234,7 +241,7 @@ pub fn decision(
 ) -> Option<Vec<BTreeMap<String, i64>>> {
     let pat = format!(" pid={pid} ");
     let mut blocks: Vec<BTreeMap<usize, BTreeMap<String, i64>>> = vec![BTreeMap::new()];
-    for l in t.lines() {
+    for (n, l) in t.lines().enumerate() {
         if is_answer(l) {
             break;
         }
@@ -273,6 +280,7 @@ pub fn decision(
         if let Some(on) = on {
             vals.insert("on".into(), on);
         }
+        vals.insert("line".into(), n as i64);
         blocks.last_mut()?.insert(c, vals);
     }
     let last = blocks.into_iter().rev().find(|b| {
@@ -281,5 +289,47 @@ pub fn decision(
                 .and_then(|m| m.get("wf"))
                 .is_some_and(|wf| wf & flag != 0)
     })?;
-    Some((0..nr).map(|c| last[&c].clone()).collect())
+    let mut out: Vec<BTreeMap<String, i64>> = (0..nr).map(|c| last[&c].clone()).collect();
+    let start = out
+        .iter()
+        .filter_map(|m| m.get("line"))
+        .min()
+        .copied()
+        .unwrap_or(0) as usize;
+    out[0].insert("changed".into(), changed_during(t, start, pid));
+    Some(out)
+}
+
+/// The CPUs (a bit mask) that entered or left idle in the trace after the
+/// probe events that start at line `start` and before the decision about
+/// `pid` shows (its `sched_migrate_task`, `sched_wakeup`, `sched_wakeup_new`
+/// or `sched_process_exec` line): the kernel reads the runqueues a little
+/// after the probes, and under TCG a vCPU can stall in between, so such a
+/// CPU's state as recorded may not be the one the kernel read.
+fn changed_during(t: &str, start: usize, pid: i32) -> i64 {
+    let pat = format!(" pid={pid} ");
+    let mut mask = 0i64;
+    for l in t.lines().skip(start) {
+        let decided = [
+            " sched_migrate_task: ",
+            " sched_wakeup: ",
+            " sched_wakeup_new: ",
+            " sched_process_exec: ",
+        ]
+        .iter()
+        .any(|e| l.contains(e));
+        if decided && (l.to_string() + " ").contains(&pat) {
+            break;
+        }
+        if l.contains(" sched_switch: ")
+            && (l.contains(" prev_pid=0 ") || l.contains(" next_pid=0 "))
+            && let Some(c) = l
+                .find('[')
+                .and_then(|i| l[i + 1..].split(']').next())
+                .and_then(|c| c.parse::<u32>().ok())
+        {
+            mask |= 1 << c;
+        }
+    }
+    mask
 }
