@@ -45,7 +45,11 @@ fn log_sink(name: &str) -> Stdio {
         return Stdio::null();
     };
     let path = Path::new(&dir).join(format!("{name}-{}.log", std::process::id()));
-    match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+    match std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+    {
         Ok(f) => Stdio::from(f),
         Err(e) => panic!("FAIRPLACE_TEST_LOGS: cannot open {}: {e}", path.display()),
     }
