@@ -6,7 +6,7 @@
 # and compares them with `fairplace-server decide` (tests/kernel/compare.py).
 #
 # Environment:
-#   FP_KERNEL_PLACEMENTS  placements per topology (default 130)
+#   FP_KERNEL_PLACEMENTS  placements per topology (default 150)
 #   FP_KERNEL_TOPOLOGIES  space-separated subset of: smt2-numa smt1-llc8 two-llc-node
 #   FP_KERNEL_MIN         minimum agreement in percent (default 97)
 #   FP_KERNEL_SEED        seed of the experiments (default 1)
@@ -16,7 +16,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="$ROOT/target/kernel-fidelity"
-PLACEMENTS="${FP_KERNEL_PLACEMENTS:-130}"
+PLACEMENTS="${FP_KERNEL_PLACEMENTS:-150}"
 TOPOLOGIES="${FP_KERNEL_TOPOLOGIES:-smt2-numa smt1-llc8 two-llc-node}"
 MIN="${FP_KERNEL_MIN:-97}"
 SEED="${FP_KERNEL_SEED:-1}"
