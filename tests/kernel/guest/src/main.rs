@@ -755,7 +755,13 @@ fn with_h_loads(body: &str, p: &[BTreeMap<String, i64>]) -> String {
     };
     if out[t..].contains("\"load_avg\":") {
         let cpu = v(0, "prev") as usize;
-        let tail = set_int(&out[t..], "load_avg", h_load(cpu, v(0, "pl")));
+        let mut tail = set_int(&out[t..], "load_avg", h_load(cpu, v(0, "pl")));
+        // The task's own signals as the kernel has them at the decision (a
+        // queued exec'ing task's runnable grows between a /proc read and
+        // sched_exec()); util_est without its UTIL_AVG_UNCHANGED flag bit.
+        tail = set_int(&tail, "runnable_avg", v(0, "pr"));
+        tail = set_int(&tail, "util_avg", v(0, "pu"));
+        tail = set_int(&tail, "util_est", v(0, "pe") & 0x7fff_ffff);
         out = format!("{}{tail}", &out[..t]);
     }
     if let (Some(this), true) = (int_of("this_cpu"), out.contains("\"waker_load\":")) {

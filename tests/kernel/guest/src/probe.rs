@@ -172,7 +172,11 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
     let flips = o("task_struct", "wakee_flips")?;
     let decay = o("task_struct", "wakee_flip_decay_ts")?;
     let last_wakee = o("task_struct", "last_wakee")?;
-    let se_load = o("task_struct", "se")? + o("sched_entity", "avg")? + o("sched_avg", "load_avg")?;
+    let se_avg = o("task_struct", "se")? + o("sched_entity", "avg")?;
+    let se_load = se_avg + o("sched_avg", "load_avg")?;
+    let se_runnable = se_avg + o("sched_avg", "runnable_avg")?;
+    let se_util = se_avg + o("sched_avg", "util_avg")?;
+    let se_util_est = se_avg + o("sched_avg", "util_est")?;
     let (parent, groups) = (o("sched_domain", "parent")?, o("sched_domain", "groups")?);
     let (sgc, imb) = (
         o("sched_group", "sgc")?,
@@ -189,7 +193,7 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
         let mut a = format!("p:fp/c{c} select_task_rq_fair pid=+{pid}($arg1):s32");
         if c == 0 {
             a += &format!(
-                " prev=$arg2:s32 wf=$arg3:s32 ruc=+{ruc}($arg1):s32 p=$arg1:x64 pf=+{flips}($arg1):u32 jf=@jiffies:u64 pl=+{se_load}($arg1):u64"
+                " prev=$arg2:s32 wf=$arg3:s32 ruc=+{ruc}($arg1):s32 p=$arg1:x64 pf=+{flips}($arg1):u32 jf=@jiffies:u64 pl=+{se_load}($arg1):u64 pr=+{se_runnable}($arg1):u64 pu=+{se_util}($arg1):u64 pe=+{se_util_est}($arg1):u32"
             );
         }
         for (n, off, ty) in &fields {
