@@ -142,10 +142,11 @@ def excluded(s):
       group has `sgc->imbalance` set (read at the decision); the slow path
       classifies such a group `group_imbalanced`, and the scenario format
       fixes the field at 0;
-    - `changed_during_decision`: a CPU entered or left idle (trace) between
-      the probe reading and the trace line that shows the decision made
-      (the task's migration or wakeup event): the kernel reads the runqueues
-      a little after the probe, and a vCPU can stall in between under TCG."""
+    - `changed_during_decision`: between the probe reading and the end of
+      the decision (the return probe), the trace shows a CPU entering or
+      leaving idle, or being the target of another task's wakeup or an end
+      of its migration: the kernel reads the runqueues a little after the
+      probe, and a vCPU can stall in between under TCG."""
     gen = s.get("generator", {})
     if gen.get("source") != "kprobe":
         return "stale" if gen.get("stale_cpus") else None

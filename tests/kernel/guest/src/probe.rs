@@ -226,9 +226,19 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
         f.write_all(format!("{d}\n").as_bytes())
             .map_err(|e| format!("kprobe_events refused ({e}): {d}"))?;
     }
+    // The decision's end: a return probe on the same function (the line
+    // that follows the entry events on the deciding CPU).
+    let ret = "r:fp/fpret select_task_rq_fair ret=$retval:s32\n";
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(format!("{trace}/kprobe_events"))
+        .map_err(|e| e.to_string())?;
+    f.write_all(ret.as_bytes())
+        .map_err(|e| format!("kprobe_events refused ({e}): {ret}"))?;
     for c in 0..nr {
         let _ = fs::write(format!("{trace}/events/fp/c{c}/enable"), "1");
     }
+    let _ = fs::write(format!("{trace}/events/fp/fpret/enable"), "1");
     Ok(())
 }
 
@@ -300,20 +310,37 @@ pub fn decision(
         .min()
         .copied()
         .unwrap_or(0) as usize;
-    out[0].insert("changed".into(), changed_during(t, start, pid));
+    let on = out[0].get("on").copied().unwrap_or(-1);
+    out[0].insert("changed".into(), changed_during(t, start, on, pid));
     Some(out)
 }
 
-/// The CPUs (a bit mask) that entered or left idle in the trace after the
-/// probe events that start at line `start` and before the decision about
-/// `pid` shows (its `sched_migrate_task`, `sched_wakeup`, `sched_wakeup_new`
-/// or `sched_process_exec` line): the kernel reads the runqueues a little
-/// after the probes, and under TCG a vCPU can stall in between, so such a
-/// CPU's state as recorded may not be the one the kernel read.
-fn changed_during(t: &str, start: usize, pid: i32) -> i64 {
+/// The CPUs (a bit mask) whose state changed in the trace after the probe
+/// events that start at line `start` and before the decision ended (the
+/// return probe on the deciding CPU `on`; failing that, the line that shows
+/// the decision about `pid`): a CPU entering or leaving idle, the target of
+/// another task's wakeup, either end of another task's migration. The
+/// kernel reads the runqueues a little after the probes, and under TCG a
+/// vCPU can stall in between, so such a CPU's state as recorded may not be
+/// the one the kernel read.
+fn changed_during(t: &str, start: usize, on: i64, pid: i32) -> i64 {
     let pat = format!(" pid={pid} ");
+    let cpu_of = |l: &str| {
+        l.find('[')
+            .and_then(|i| l[i + 1..].split(']').next())
+            .and_then(|c| c.parse::<i64>().ok())
+    };
+    let field = |l: &str, k: &str| {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse::<i64>().ok())
+    };
     let mut mask = 0i64;
     for l in t.lines().skip(start) {
+        if l.contains(" fpret: (") && cpu_of(l) == Some(on) {
+            break;
+        }
+        let ours = (l.to_string() + " ").contains(&pat);
         let decided = [
             " sched_migrate_task: ",
             " sched_wakeup: ",
@@ -322,16 +349,21 @@ fn changed_during(t: &str, start: usize, pid: i32) -> i64 {
         ]
         .iter()
         .any(|e| l.contains(e));
-        if decided && (l.to_string() + " ").contains(&pat) {
+        if decided && ours {
             break;
         }
+        let mut cpus = Vec::new();
         if l.contains(" sched_switch: ")
             && (l.contains(" prev_pid=0 ") || l.contains(" next_pid=0 "))
-            && let Some(c) = l
-                .find('[')
-                .and_then(|i| l[i + 1..].split(']').next())
-                .and_then(|c| c.parse::<u32>().ok())
         {
+            cpus.extend(cpu_of(l));
+        } else if l.contains(" sched_wakeup") && !ours {
+            cpus.extend(field(l, "target_cpu="));
+        } else if l.contains(" sched_migrate_task: ") && !ours {
+            cpus.extend(field(l, "orig_cpu="));
+            cpus.extend(field(l, "dest_cpu="));
+        }
+        for c in cpus.into_iter().filter(|c| (0..63).contains(c)) {
             mask |= 1 << c;
         }
     }
