@@ -19,12 +19,22 @@ use std::fs;
 use std::sync::Mutex;
 use std::time::Duration;
 
+mod probe;
+
+/// Per CPU, the topology's LLC id (its first CPU), for the `llc` hints.
+static LLC: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
 /// Per CPU, the trace time (ns) of its last switch to the idle task: the
 /// kernel's `rq->idle_stamp` is set at that moment (newidle balance) and
 /// cleared when a task is woken onto the CPU.
 static LAST_IDLE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
 const TRACE: &str = "/sys/kernel/tracing";
+
+/// The wake flags (kernel/sched/sched.h) that tell a decision's kind.
+const WF_EXEC: i64 = 0x02;
+const WF_FORK: i64 = 0x04;
+const WF_TTWU: i64 = 0x08;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -37,7 +47,7 @@ fn main() {
     let topo = read_topology(nr);
     println!("TOPO {topo}");
     println!("UNAME {}", uname_release());
-    print_domains();
+    let levels = print_domains();
     run_agent();
     let placements: usize = kernel_arg("fp.n")
         .and_then(|s| s.parse().ok())
@@ -45,7 +55,10 @@ fn main() {
     let seed: u64 = kernel_arg("fp.seed")
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    setup_trace();
+    *LLC.lock().unwrap() = (0..nr)
+        .map(|c| llc_of(&format!("/sys/devices/system/cpu/cpu{c}"), c))
+        .collect();
+    setup_trace(&levels);
     let mut rng = Lcg(seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407));
@@ -197,18 +210,20 @@ fn llc_of(base: &str, c: usize) -> usize {
 
 /// The domains the kernel built, as `sched_verbose` printed them, plus the
 /// per-CPU domain names under debugfs, for the harness's topology check.
-fn print_domains() {
+/// Returns the number of domains of each CPU.
+fn print_domains() -> Vec<usize> {
     let Ok(kmsg) = std::process::Command::new("/bin/busybox")
         .arg("dmesg")
         .output()
     else {
-        return;
+        return Vec::new();
     };
     for line in String::from_utf8_lossy(&kmsg.stdout).lines() {
         if line.contains("domain-") || line.contains("CPU") && line.contains("attaching") {
             println!("KDOM {}", line.trim());
         }
     }
+    let mut levels = Vec::new();
     for c in 0..online_cpus() {
         let mut names = Vec::new();
         for d in 0..8 {
@@ -219,7 +234,9 @@ fn print_domains() {
             }
         }
         println!("KDOMNAMES {c} {}", names.join(","));
+        levels.push(names.len());
     }
+    levels
 }
 
 /// fairplace-agent, if the initramfs has it, prints what it read.
@@ -243,7 +260,7 @@ fn run_agent() {
     }
 }
 
-fn setup_trace() {
+fn setup_trace(levels: &[usize]) {
     let w = |f: &str, v: &str| {
         let _ = fs::write(format!("{TRACE}/{f}"), v);
     };
@@ -264,6 +281,12 @@ fn setup_trace() {
     w("events/fp/newidle/enable", "1");
     if fs::metadata(format!("{TRACE}/events/fp/newidle")).is_err() {
         println!("NOTE no kprobe on sched_balance_newidle: idle stamps from sched_switch only");
+    }
+    match probe::define(TRACE, online_cpus(), levels) {
+        Ok(()) => println!("NOTE decision probes on select_task_rq_fair"),
+        Err(e) => {
+            println!("NOTE no decision probes ({e}): records from sched/debug and tracefs only")
+        }
     }
     w("tracing_on", "1");
     // Every CPU runs something once, so each has a recorded idle entry.
@@ -324,16 +347,17 @@ fn clear_trace() {
 
 /// The target CPU of the first `event` line for `pid` in the trace buffer,
 /// and the staleness of the record (see `stale_cpus`).
-fn traced_target(event: &str, pid: i32) -> (Option<usize>, Vec<usize>) {
+fn traced_target(event: &str, pid: i32, flag: i64) -> (Option<usize>, Vec<usize>, Probe) {
     let t = drain_trace(true);
     let pat = format!(" pid={pid} ");
     let is_answer = |l: &str| l.contains(&format!(" {event}: ")) && l.contains(&pat);
     let stale = stale_cpus(&t, is_answer);
+    let probe = probe::decision(&t, online_cpus(), pid, flag, is_answer);
     let cpu = t.lines().find(|l| is_answer(l)).and_then(|l| {
         let i = l.find("target_cpu=")?;
         l[i + 11..].trim().parse().ok()
     });
-    (cpu, stale)
+    (cpu, stale, probe)
 }
 
 /// Marks in the trace the moment the recorded state starts to be read:
@@ -549,9 +573,13 @@ fn cpulist_str(v: &[usize]) -> String {
         .join(",")
 }
 
+/// Per CPU, what the decision probes read (see `probe`), if they fired.
+type Probe = Option<Vec<BTreeMap<String, i64>>>;
+
 /// A recorded placement: the scenario's body (cpus, task, request), the
-/// kernel's CPU, and the CPUs whose idle state changed before the decision.
-type Record = (String, usize, Vec<usize>);
+/// kernel's CPU, the CPUs whose idle state changed between the state read
+/// and the decision, and the probes' reading at the decision.
+type Record = (String, usize, Vec<usize>, Probe);
 
 /// One round: a random spinner load, then up to four placements on it.
 fn round(rng: &mut Lcg, nr: usize, topo: &str, id: &mut usize, left: usize) -> usize {
@@ -580,10 +608,14 @@ fn round(rng: &mut Lcg, nr: usize, topo: &str, id: &mut usize, left: usize) -> u
             2 => fork(nr, this, &allowed),
             _ => exec(nr, this, &allowed),
         };
-        if let Some((body, cpu, stale)) = rec {
+        if let Some((body, cpu, stale, probe)) = rec {
             *id += 1;
+            let (body, hidden) = match probe {
+                Some(p) => at_decision(&body, &p),
+                None => (body, String::new()),
+            };
             println!(
-                "SCN {{\"name\":\"k{id}\",\"kernel\":\"6.12\",\"generator\":{{\"stale_cpus\":{stale:?}}},\"topology\":{topo},{body},\"expected\":{{\"cpu\":{cpu}}}}}"
+                "SCN {{\"name\":\"k{id}\",\"kernel\":\"6.12\",\"generator\":{{\"stale_cpus\":{stale:?}{hidden}}},\"topology\":{topo},{body},\"expected\":{{\"cpu\":{cpu}}}}}"
             );
             n += 1;
         }
@@ -591,6 +623,164 @@ fn round(rng: &mut Lcg, nr: usize, topo: &str, id: &mut usize, left: usize) -> u
     }
     kill_all(&spin);
     n
+}
+
+/// The record's body with the per-CPU state, prev and `recent_used_cpu`
+/// the probes read at the decision, and the LLCs' `nr_idle_scan` /
+/// `has_idle_cores` as `llc` hints; and the generator's note of the source
+/// and of every `sgc->imbalance` found set (the format fixes it at 0).
+fn at_decision(body: &str, p: &[BTreeMap<String, i64>]) -> (String, String) {
+    let v = |c: usize, k: &str| p[c].get(k).copied().unwrap_or(0);
+    let mut cpus = String::from("[");
+    for c in 0..p.len() {
+        if c > 0 {
+            cpus.push(',');
+        }
+        let nr = v(c, "nr");
+        let _ = write!(
+            cpus,
+            "{{\"id\":{c},\"nr_running\":{nr},\"h_nr_idle\":{},\"nr_delayed\":{},\"cfs_h_nr_queued\":{},\"curr_is_idle\":{},\"ttwu_pending\":{},\"load_avg\":{},\"runnable_avg\":{},\"util_avg\":{},\"util_est\":{},\"idle_stamp\":{}}}",
+            v(c, "i").min(nr),
+            v(c, "d").min(nr),
+            v(c, "q"),
+            v(c, "cp") == 0,
+            v(c, "tp") != 0,
+            v(c, "l"),
+            v(c, "r"),
+            v(c, "u"),
+            v(c, "e"),
+            v(c, "st"),
+        );
+    }
+    cpus.push(']');
+    // The body starts with the `cpus` list read from sched/debug.
+    let rest = body.find(']').map_or("", |i| &body[i + 1..]);
+    let mut out = format!("\"cpus\":{cpus}{rest}");
+    // The CPU the decision ran on is the kernel's `this_cpu`.
+    if let Some(&on) = p[0].get("on") {
+        out = set_int(&out, "this_cpu", on);
+    }
+    if out.contains("\"prev_cpu\":") {
+        out = set_int(&out, "prev_cpu", v(0, "prev"));
+        out = set_int(&out, "recent_used_cpu", v(0, "ruc"));
+        out = with_flips(&out, p);
+    }
+    out = with_h_loads(&out, p);
+    let llc = LLC.lock().unwrap().clone();
+    let mut hints = BTreeMap::new();
+    for (c, &l) in llc.iter().enumerate().take(p.len()) {
+        hints.entry(l).or_insert_with(|| {
+            format!(
+                "\"{l}\":{{\"nr_idle_scan\":{},\"has_idle_cores\":{}}}",
+                v(c, "ns"),
+                v(c, "ic") != 0
+            )
+        });
+    }
+    let hints: Vec<String> = hints.into_values().collect();
+    let _ = write!(out, ",\"llc\":{{{}}}", hints.join(","));
+    let mut imb = Vec::new();
+    for (c, m) in p.iter().enumerate() {
+        for (k, &x) in m {
+            if let Some(lvl) = k.strip_prefix("im")
+                && x != 0
+            {
+                imb.push(format!("[{c},{lvl}]"));
+            }
+        }
+    }
+    let hidden = format!(
+        ",\"source\":\"kprobe\",\"changed_during\":{:?},\"on_cpu\":{},\"wake_flags\":{},\"sgc_imbalance\":[{}]",
+        (0..p.len())
+            .filter(|c| v(0, "changed") >> c & 1 == 1)
+            .collect::<Vec<_>>(),
+        v(0, "on"),
+        v(0, "wf"),
+        imb.join(",")
+    );
+    (out, hidden)
+}
+
+/// A wakeup's body with `wake_wide()`'s inputs as the probes read them: the
+/// wakee's flips, and the waker's (the task current on `this_cpu`) flips,
+/// last wakee and whether `record_wakee()` decays its flips first
+/// (`time_after(jiffies, wakee_flip_decay_ts + HZ)`, HZ from `fp.hz`).
+fn with_flips(body: &str, p: &[BTreeMap<String, i64>]) -> String {
+    let v = |c: usize, k: &str| p.get(c).and_then(|m| m.get(k)).copied().unwrap_or(0);
+    let this = body
+        .split_once("\"this_cpu\":")
+        .and_then(|(_, r)| r.split(|ch: char| !ch.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(0);
+    let hz: i64 = kernel_arg("fp.hz")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let expired = hz > 0 && v(this, "cd").wrapping_add(hz).wrapping_sub(v(0, "jf")) < 0;
+    body.replacen("\"task\":{", &format!("\"task\":{{\"wakee_flips\":{},", v(0, "pf")), 1)
+        .replacen(
+            "\"waker_last_wakee_is_task\":false",
+            &format!(
+                "\"waker_last_wakee_is_task\":{},\"waker_wakee_flips\":{},\"waker_flip_decay_expired\":{expired}",
+                v(this, "cl") == v(0, "p"),
+                v(this, "cf"),
+            ),
+            1,
+        )
+}
+
+/// The body with `task_h_load()` of the placed task (on its `task_cpu`, the
+/// probe's prev) and, for a wakeup, of the waker (current on `this_cpu`),
+/// computed as the kernel does from what the probes read: `se.avg.load_avg *
+/// h_load / (cfs_rq load_avg + 1)`, where `h_load` is the stored value when it
+/// was updated in this jiffy and the cfs_rq's load otherwise (every task is
+/// in the root group: `noautogroup`).
+fn with_h_loads(body: &str, p: &[BTreeMap<String, i64>]) -> String {
+    let v = |c: usize, k: &str| p.get(c).and_then(|m| m.get(k)).copied().unwrap_or(0);
+    let h_load = |c: usize, se_load: i64| {
+        let h = if v(c, "hu") == v(0, "jf") {
+            v(c, "hl")
+        } else {
+            v(c, "l")
+        };
+        se_load * h / (v(c, "l") + 1)
+    };
+    let int_of = |key: &str| {
+        body.split_once(&format!("\"{key}\":"))
+            .and_then(|(_, r)| r.split(|ch: char| !ch.is_ascii_digit()).next())
+            .and_then(|n| n.parse::<usize>().ok())
+    };
+    let mut out = body.to_string();
+    let Some(t) = out.find("\"task\":{") else {
+        return out;
+    };
+    if out[t..].contains("\"load_avg\":") {
+        let cpu = v(0, "prev") as usize;
+        let mut tail = set_int(&out[t..], "load_avg", h_load(cpu, v(0, "pl")));
+        // The task's own signals as the kernel has them at the decision (a
+        // queued exec'ing task's runnable grows between a /proc read and
+        // sched_exec()); util_est without its UTIL_AVG_UNCHANGED flag bit.
+        tail = set_int(&tail, "runnable_avg", v(0, "pr"));
+        tail = set_int(&tail, "util_avg", v(0, "pu"));
+        tail = set_int(&tail, "util_est", v(0, "pe") & 0x7fff_ffff);
+        out = format!("{}{tail}", &out[..t]);
+    }
+    if let (Some(this), true) = (int_of("this_cpu"), out.contains("\"waker_load\":")) {
+        out = set_int(&out, "waker_load", h_load(this, v(this, "sl")));
+    }
+    out
+}
+
+/// `body` with the integer field `"key":N` set to `val`.
+fn set_int(body: &str, key: &str, val: i64) -> String {
+    let pat = format!("\"{key}\":");
+    let Some(i) = body.find(&pat) else {
+        return body.to_string();
+    };
+    let start = i + pat.len();
+    let end = body[start..]
+        .find(|ch: char| !(ch.is_ascii_digit() || ch == '-'))
+        .map_or(body.len(), |j| start + j);
+    format!("{}{val}{}", &body[..start], &body[end..])
 }
 
 /// A wakee forked on a random CPU (its `recent_used_cpu`), moved to `prev`
@@ -654,7 +844,7 @@ fn wakeup(rng: &mut Lcg, nr: usize, this: usize, allowed: &[usize], sync: bool) 
         }
     }
     unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
-    let (got, stale) = traced_target("sched_wakeup", child);
+    let (got, stale, probe) = traced_target("sched_wakeup", child, WF_TTWU);
     unsafe {
         libc::close(fds[0]);
         libc::close(fds[1]);
@@ -674,7 +864,7 @@ fn wakeup(rng: &mut Lcg, nr: usize, this: usize, allowed: &[usize], sync: bool) 
         h_load(g(&t, "se.avg.load_avg"), rqs[prev].load_avg),
         h_load(g(&me, "se.avg.load_avg"), rqs[this].load_avg),
     );
-    Some((body, cpu, stale))
+    Some((body, cpu, stale, probe))
 }
 
 /// The CPU a task last ran on (field 39 of /proc/PID/stat).
@@ -705,7 +895,7 @@ fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
     }
     let still = getcpu() == this;
     unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
-    let (cpu, stale) = traced_target("sched_wakeup_new", child);
+    let (cpu, stale, probe) = traced_target("sched_wakeup_new", child, WF_FORK);
     let cpu = cpu?;
     if !still {
         return None;
@@ -714,7 +904,7 @@ fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
         "\"cpus\":{cpus},\"task\":{{\"cpus_allowed\":\"{}\"}},\"request\":{{\"kind\":\"fork\",\"this_cpu\":{this}}}",
         cpulist_str(allowed),
     );
-    Some((body, cpu, stale))
+    Some((body, cpu, stale, probe))
 }
 
 /// A child running on `this` with the mask `allowed` records the state and
@@ -776,9 +966,9 @@ fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
     unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
     let t = drain_trace(true);
     let pat = format!(" pid={child} ");
-    let stale = stale_cpus(&t, |l| {
-        l.contains(" sched_process_exec: ") && l.contains(&pat)
-    });
+    let is_answer = |l: &str| l.contains(" sched_process_exec: ") && l.contains(&pat);
+    let stale = stale_cpus(&t, is_answer);
+    let probe = probe::decision(&t, nr, child, WF_EXEC, is_answer);
     let mut body = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -799,5 +989,10 @@ fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
     if k != 4 || here.parse::<usize>().ok()? != this {
         return None;
     }
-    Some((body.to_string(), u32::from_le_bytes(b) as usize, stale))
+    Some((
+        body.to_string(),
+        u32::from_le_bytes(b) as usize,
+        stale,
+        probe,
+    ))
 }
