@@ -153,7 +153,7 @@ fn sample_kernel(
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         // The agent's and the test's threads are their runtimes'; a new
         // one is rare.
-        if reads % 100 == 0 {
+        if reads.is_multiple_of(100) {
             readers = threads_of(agent_pid);
             readers.extend(threads_of(std::process::id()));
         }
