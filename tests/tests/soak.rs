@@ -95,7 +95,10 @@ impl Load {
             threads: Vec::new(),
             forks: Arc::clone(&forks),
         };
-        let me = std::env::current_exe().expect("test executable");
+        // The running image itself, even if a build meanwhile replaced the
+        // file (the binaries' build in `bin()` can relink this test when
+        // it was built alone): /proc/self/exe opens the running inode.
+        let me = std::path::PathBuf::from("/proc/self/exe");
         for _ in 0..WAKERS {
             load.children.push(
                 Command::new(&me)
