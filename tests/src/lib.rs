@@ -101,7 +101,7 @@ impl Server {
 
     /// SIGTERM, then wait for the graceful exit.
     pub fn stop(&mut self) -> std::process::ExitStatus {
-        unsafe_kill(self.child.id(), 15);
+        send_signal(self.child.id(), 15);
         self.wait()
     }
 
@@ -128,12 +128,31 @@ fn field(line: &str, key: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Sends a signal with the `kill` command (no libc dependency).
-pub fn unsafe_kill(pid: u32, sig: i32) {
-    let _ = Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status();
+/// Sends signal `sig` to the one process `pid`.
+///
+/// Through kill(2), never the `kill` command: procps-ng 4.0.2's `kill -9
+/// -PGID` reads the group as its first digit, so a group whose id starts
+/// with 1 became kill(-1, SIGKILL), every process on the machine.
+pub fn send_signal(pid: u32, sig: i32) {
+    // A pid of 0 or one above i32::MAX would name a group or everyone.
+    let Ok(pid) = i32::try_from(pid) else { return };
+    if pid > 0 {
+        // SAFETY: kill(2) takes no pointers; pid names one process.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Sends signal `sig` to every process of the process group `pgid`.
+pub fn send_signal_to_group(pgid: u32, sig: i32) {
+    let Ok(pgid) = i32::try_from(pgid) else {
+        return;
+    };
+    // Group 0 is the caller's own and 1 would read as "everyone" once
+    // negated: neither is a workload's group.
+    if pgid > 1 {
+        // SAFETY: kill(2) takes no pointers; -pgid names one group.
+        unsafe { libc::kill(-pgid, sig) };
+    }
 }
 
 /// A running `fairplace-agent`.

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fairplace_e2e::{Reporter, Server, bin, pb, states, topology, unsafe_kill, wait_for};
+use fairplace_e2e::{Reporter, Server, bin, pb, send_signal, states, topology, wait_for};
 use pb::agent_message::Body;
 use tokio::sync::mpsc;
 use tonic::Code;
@@ -206,7 +206,7 @@ fn sigterm_ends_open_streams_with_unavailable_and_exits_within_the_grace() {
         // A stream that never registers stays open too.
         let (_tx, mut idle) = open_stream(&server.grpc, None).await;
         let t0 = Instant::now();
-        unsafe_kill(server.child.id(), 15);
+        send_signal(server.child.id(), 15);
         let err = tokio::time::timeout(Duration::from_secs(5), r.acks.message())
             .await
             .expect("the stream ends")

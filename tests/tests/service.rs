@@ -561,7 +561,7 @@ fn sigterm_shuts_down_gracefully() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         (watch, r, calls)
     });
-    fairplace_e2e::unsafe_kill(pid, 15);
+    fairplace_e2e::send_signal(pid, 15);
     let signalled = std::time::Instant::now();
     rt.block_on(async {
         // Health turns NOT_SERVING for those watching.

@@ -53,12 +53,9 @@ struct Workload(Vec<Child>);
 impl Drop for Workload {
     fn drop(&mut self) {
         for c in &mut self.0 {
-            // Each is a process group leader: kill its loop and the
-            // spinner it started.
-            fairplace_e2e::unsafe_kill(c.id(), 9);
-            let _ = Command::new("kill")
-                .args(["-9", &format!("-{}", c.id())])
-                .status();
+            // Each leads its own process group: the group signal ends
+            // its loop and the spinner the loop started.
+            fairplace_e2e::send_signal_to_group(c.id(), libc::SIGKILL);
             let _ = c.wait();
         }
     }
