@@ -160,7 +160,7 @@ fn less(v: u32, k: u32) -> u32 {
 /// stops with its tick (NOHZ) and was last updated about when it went idle,
 /// so this is close to, and never after, the kernel's stamp; it stays while
 /// the CPU stays idle and is 0 while it is busy, as the kernel's is.
-fn update_idle_stamp(stamp: &mut i64, idle: bool, clock_ns: i64) -> i64 {
+pub(crate) fn update_idle_stamp(stamp: &mut i64, idle: bool, clock_ns: i64) -> i64 {
     if !idle {
         *stamp = 0;
     } else if *stamp == 0 {

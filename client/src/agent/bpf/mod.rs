@@ -273,17 +273,11 @@ impl Bpf {
 /// rq clock when the agent first saw it idle. 0 while busy, as the
 /// kernel's is; never 0 for an idle CPU.
 fn idle_stamp(first_idle: &mut i64, idle: bool, c: &CpuRec) -> i64 {
-    if !idle {
-        *first_idle = 0;
-        return 0;
-    }
-    if *first_idle == 0 {
-        *first_idle = (c.clock as i64).clamp(1, 1 << 62);
-    }
-    if c.idle_stamp > 0 {
-        (c.idle_stamp.min(1 << 62)) as i64
+    let seen = super::exact::update_idle_stamp(first_idle, idle, c.clock.min(1 << 62) as i64);
+    if idle && c.idle_stamp > 0 {
+        c.idle_stamp.min(1 << 62) as i64
     } else {
-        *first_idle
+        seen
     }
 }
 
