@@ -374,6 +374,24 @@ struct NodeStream {
     acks: tonic::Streaming<pb::Ack>,
 }
 
+/// The node "load" every RPC phase places on: 128 CPUs registered and one
+/// full update acknowledged. Its stream stays open while the value lives.
+async fn load_node(ch: Channel) -> NodeStream {
+    let mut node = register(ch, "load", 128).await;
+    node.tx.send(update(1, true, states(128, 7))).await.unwrap();
+    node.acks.message().await.unwrap().unwrap();
+    node
+}
+
+/// `n` placement clients, each on its own connection.
+async fn clients(server: &Server, n: usize) -> Vec<Client> {
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(Client::from_channel(server.channel().await));
+    }
+    clients
+}
+
 async fn register(ch: Channel, id: &str, cpus: u32) -> NodeStream {
     register_labelled(ch, id, cpus, Default::default()).await
 }
@@ -629,17 +647,8 @@ async fn rpc(
     concurrency: usize,
     claim: bool,
 ) -> RpcResult {
-    let mut reporter = register(server.node_channel().await, "load", 128).await;
-    reporter
-        .tx
-        .send(update(1, true, states(128, 7)))
-        .await
-        .unwrap();
-    reporter.acks.message().await.unwrap().unwrap();
-    let mut clients = Vec::new();
-    for _ in 0..connections {
-        clients.push(Client::from_channel(server.channel().await));
-    }
+    let _reporter = load_node(server.node_channel().await).await;
+    let clients = clients(server, connections).await;
     println!(
         "# fairplace-load rpc ({}): {connections} connections, {concurrency} callers, {seconds} s per phase",
         if server.tls.is_some() {
@@ -746,13 +755,7 @@ fn http_body(url: &str) -> String {
 }
 
 async fn attack(server: &Server, seconds: u64, deciders: usize, idle: usize, unknown: usize) {
-    let mut reporter = register(channel(&server.grpc).await, "load", 128).await;
-    reporter
-        .tx
-        .send(update(1, true, states(128, 7)))
-        .await
-        .unwrap();
-    reporter.acks.message().await.unwrap().unwrap();
+    let _reporter = load_node(channel(&server.grpc).await).await;
     let metrics_url = format!("http://{}/metrics", server.metrics);
     let probe = Client::from_channel(channel(&server.grpc).await);
     let pick = || pb::PickCpuRequest {
@@ -1275,17 +1278,8 @@ async fn leases(
     count: u32,
     policy: String,
 ) {
-    let mut reporter = register(server.node_channel().await, "load", 128).await;
-    reporter
-        .tx
-        .send(update(1, true, states(128, 7)))
-        .await
-        .unwrap();
-    reporter.acks.message().await.unwrap().unwrap();
-    let mut clients = Vec::new();
-    for _ in 0..connections {
-        clients.push(Client::from_channel(server.channel().await));
-    }
+    let _reporter = load_node(server.node_channel().await).await;
+    let clients = clients(server, connections).await;
     println!(
         "# fairplace-load leases: {connections} connections, {concurrency} callers, {seconds} s per phase, count {count}, policy {policy}"
     );
