@@ -393,13 +393,15 @@ async fn clients(server: &Server, n: usize) -> Vec<Client> {
 }
 
 async fn register(ch: Channel, id: &str, cpus: u32) -> NodeStream {
-    register_labelled(ch, id, cpus, Default::default()).await
+    register_node(ch, id, topology(cpus), Default::default()).await
 }
 
-async fn register_labelled(
+/// Opens a Report stream and registers node `id`; returns once the
+/// server acknowledged the registration.
+async fn register_node(
     ch: Channel,
     id: &str,
-    cpus: u32,
+    topology: pb::Topology,
     labels: std::collections::HashMap<String, String>,
 ) -> NodeStream {
     let mut client = pb::agent_service_client::AgentServiceClient::new(ch)
@@ -410,7 +412,7 @@ async fn register_labelled(
         body: Some(Body::Register(pb::Register {
             node_id: id.into(),
             labels,
-            topology: Some(topology(cpus)),
+            topology: Some(topology),
             agent_version: "load".into(),
             ..Default::default()
         })),
@@ -1043,9 +1045,13 @@ async fn cluster(
                 ]
                 .into();
                 let st = states(cpus, k as u64 + 1);
-                let mut s =
-                    register_labelled(chans[k % connections].clone(), &id, cpus, labels.clone())
-                        .await;
+                let mut s = register_node(
+                    chans[k % connections].clone(),
+                    &id,
+                    topology(cpus),
+                    labels.clone(),
+                )
+                .await;
                 s.tx.send(update(1, true, st.clone())).await.unwrap();
                 s.acks.message().await.unwrap().unwrap();
                 streams.push(s);
@@ -1174,27 +1180,8 @@ fn scan_histogram(metrics: &str, strategy: &str) -> (f64, f64) {
 
 async fn cache(server: &Server, reports: u32) {
     let ch = channel(&server.grpc).await;
-    let mut client = pb::agent_service_client::AgentServiceClient::new(ch.clone())
-        .max_encoding_message_size(64 << 20)
-        .max_decoding_message_size(64 << 20);
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(pb::AgentMessage {
-        body: Some(Body::Register(pb::Register {
-            node_id: "cache".into(),
-            labels: Default::default(),
-            topology: Some(topology_512()),
-            agent_version: "load".into(),
-            ..Default::default()
-        })),
-    })
-    .await
-    .unwrap();
-    let mut acks = client
-        .report(ReceiverStream::new(rx))
-        .await
-        .expect("report")
-        .into_inner();
-    acks.message().await.unwrap().unwrap();
+    let NodeStream { tx, mut acks } =
+        register_node(ch.clone(), "cache", topology_512(), Default::default()).await;
     let admin = Client::from_channel(ch);
     let cpus: Vec<pb::CpuState> = (0..512)
         .map(|i| pb::CpuState {
