@@ -526,6 +526,29 @@ where
     (all, errors, t0.elapsed().as_secs_f64())
 }
 
+/// One call of a ping-or-pick phase: the no-op Ping in the "ping" phase,
+/// else `req` as a PickCpu; whether it succeeded.
+async fn ping_or_pick(c: Client, phase: &str, req: pb::PickCpuRequest) -> bool {
+    if phase == "ping" {
+        c.ping().await.is_ok()
+    } else {
+        c.pick_cpu(req).await.is_ok()
+    }
+}
+
+/// Prints one phase's line (throughput, latency percentiles, failures)
+/// and returns its throughput in calls per second.
+fn print_phase(phase: &str, all: &Histogram<u64>, errors: u64, secs: f64) -> f64 {
+    let rps = all.len() as f64 / secs;
+    println!(
+        "{phase}: {rps:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, errors {errors}",
+        pct(all, 0.5),
+        pct(all, 0.99),
+        pct(all, 0.999)
+    );
+    rps
+}
+
 fn pct(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
@@ -676,23 +699,10 @@ async fn rpc(
                 claim,
                 ..Default::default()
             };
-            async move {
-                if phase == "ping" {
-                    c.ping().await.is_ok()
-                } else {
-                    c.pick_cpu(req).await.is_ok()
-                }
-            }
+            ping_or_pick(c, phase, req)
         })
         .await;
-        let rps = all.len() as f64 / secs;
-        println!(
-            "{phase}: {:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, errors {errors}",
-            rps,
-            pct(&all, 0.5),
-            pct(&all, 0.99),
-            pct(&all, 0.999)
-        );
+        let rps = print_phase(phase, &all, errors, secs);
         results.push((rps, pct(&all, 0.5)));
     }
     let ratio = results[1].0 / results[0].0;
@@ -1094,21 +1104,10 @@ async fn cluster(
                 kind: pb::RequestKind::Fork as i32,
                 ..Default::default()
             };
-            async move {
-                if phase == "ping" {
-                    c.ping().await.is_ok()
-                } else {
-                    c.pick_cpu(req).await.is_ok()
-                }
-            }
+            ping_or_pick(c, phase, req)
         })
         .await;
-        println!(
-            "{phase}: {:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, errors {errors}",
-            all.len() as f64 / secs,
-            pct(&all, 0.5),
-            pct(&all, 0.99)
-        );
+        print_phase(phase, &all, errors, secs);
         results.push(pct(&all, 0.5));
     }
     // The naive recomputation of the same cluster, in this process.
@@ -1313,14 +1312,7 @@ async fn leases(
             }
         })
         .await;
-        let rps = all.len() as f64 / secs;
-        println!(
-            "{phase}: {:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, errors {errors}",
-            rps,
-            pct(&all, 0.5),
-            pct(&all, 0.99),
-            pct(&all, 0.999)
-        );
+        let rps = print_phase(phase, &all, errors, secs);
         if phase == "allocate_cpus" {
             tokio::time::sleep(Duration::from_millis(500)).await;
             println!("  released {} leases", released.load(Ordering::Relaxed));
