@@ -318,6 +318,15 @@ async fn tls_channel(addr: &str, tls: &TlsOptions) -> Channel {
         .expect("connect over TLS")
 }
 
+/// `n` plaintext connections to `addr`.
+async fn channels(addr: &str, n: usize) -> Vec<Channel> {
+    let mut chans = Vec::with_capacity(n);
+    for _ in 0..n {
+        chans.push(channel(addr).await);
+    }
+    chans
+}
+
 async fn channel(addr: &str) -> Channel {
     Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
@@ -900,10 +909,7 @@ async fn ingest(
     connections: usize,
     window: usize,
 ) {
-    let mut chans = Vec::new();
-    for _ in 0..connections {
-        chans.push(channel(&server.grpc).await);
-    }
+    let chans = channels(&server.grpc, connections).await;
     let mut streams = Vec::new();
     for i in 0..nodes {
         let mut s = register(chans[i % connections].clone(), &format!("ingest-{i}"), cpus).await;
@@ -976,10 +982,7 @@ async fn ingest(
 async fn memory(server: &Server, nodes: usize, cpus: u32, connections: usize) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let base = server.rss_kib();
-    let mut chans = Vec::new();
-    for _ in 0..connections {
-        chans.push(channel(&server.grpc).await);
-    }
+    let chans = channels(&server.grpc, connections).await;
     let t0 = Instant::now();
     // Register and report in batches; the streams stay open (connected nodes).
     let mut streams = Vec::with_capacity(nodes);
@@ -1031,10 +1034,7 @@ async fn cluster(
     use fairplace::engine::cpumask::CpuMask;
     use fairplace::store::{Store, StoreConfig, Update};
 
-    let mut chans = Vec::new();
-    for _ in 0..connections {
-        chans.push(channel(&server.grpc).await);
-    }
+    let chans = channels(&server.grpc, connections).await;
     // The same cluster in this process, for the naive baseline.
     let local = Store::new(StoreConfig {
         stale_after: Duration::from_secs(3600),
