@@ -6,6 +6,10 @@
 /// the one bound every input path checks.
 pub const MAX_SIGNAL: i64 = (1 << 31) - 1;
 
+/// The largest clock value (ns) an input may carry: 2^62, so differences
+/// of two clocks never overflow.
+pub const MAX_CLOCK: i64 = 1 << 62;
+
 /// Tasks a CPU may list: more than any runqueue the balancer could use
 /// (it looks at 32 per pass), few enough to bound a node's memory.
 pub const MAX_TASKS_PER_CPU: usize = 1024;

@@ -32,7 +32,7 @@ use fairplace_proto::v1 as pb;
 
 use super::sched_debug::{self, CpuSignals};
 use super::tasks::{self, TaskSample};
-use super::{MAX_SIGNAL, Machine, Source, TaskReport, procfs, sysfs, task_to_pb};
+use super::{MAX_CLOCK, MAX_SIGNAL, Machine, Source, TaskReport, procfs, sysfs, task_to_pb};
 
 /// A thread the table listed, as the runtime accounting needs it.
 #[derive(Debug, Clone, Copy)]
@@ -164,7 +164,7 @@ pub(crate) fn update_idle_stamp(stamp: &mut i64, idle: bool, clock_ns: i64) -> i
     if !idle {
         *stamp = 0;
     } else if *stamp == 0 {
-        *stamp = clock_ns.clamp(1, 1 << 62);
+        *stamp = clock_ns.clamp(1, MAX_CLOCK);
     }
     *stamp
 }

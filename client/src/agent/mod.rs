@@ -85,7 +85,7 @@ fn monotonic_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
-const MAX_SIGNAL: i64 = (1 << 31) - 1;
+use fairplace_types::limits::{MAX_CLOCK, MAX_SIGNAL};
 
 /// A thread's affinity as the server takes it: only CPUs of the topology
 /// (procfs lists possible CPUs, which may be more), empty for all of them.
@@ -121,7 +121,7 @@ fn task_to_pb(t: &tasks::TaskSample, nr_cpus: usize) -> pb::RunnableTask {
         util_est: clamp(t.util_est),
         runnable_avg: clamp(t.runnable_avg),
         running: t.running,
-        exec_start: t.exec_start_ns.min(1 << 62) as i64,
+        exec_start: t.exec_start_ns.min(MAX_CLOCK as u64) as i64,
         migration_disabled: false,
         per_cpu_kthread: t.kernel_thread && t.nr_cpus_allowed == 1,
         sched_delayed: false,

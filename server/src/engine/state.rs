@@ -178,11 +178,7 @@ pub struct SharedState {
     pub has_idle_cores: bool,
 }
 
-pub use fairplace_types::limits::MAX_SIGNAL;
-
-/// The largest clock value (ns) an input may carry: 2^62, so differences
-/// of two clocks never overflow.
-pub const MAX_CLOCK: i64 = 1 << 62;
+pub use fairplace_types::limits::{MAX_CLOCK, MAX_SIGNAL};
 
 /// `cpu_util(cpu, p, -1, boost)`: the CPU's CFS utilisation with util_est as
 /// the features say, raised to the runnable average when `boost`

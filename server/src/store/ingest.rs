@@ -13,7 +13,7 @@ use crate::cluster::NodeAgg;
 use crate::engine::cpumask::CpuMask;
 use crate::engine::features::Kernel;
 use crate::engine::rq::TaskTable;
-use crate::engine::state::{CpuState, NodeState};
+use crate::engine::state::{CpuState, MAX_CLOCK, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};
 
 use super::claims::base_cpus;
@@ -310,7 +310,7 @@ impl Store {
     /// (see [`fill_idle_stamp`]): ns since the store started, never 0.
     pub(super) fn idle_stamp_at(&self, now: Instant) -> i64 {
         let ns = now.saturating_duration_since(self.epoch).as_nanos();
-        ns.clamp(1, 1 << 62) as i64
+        ns.clamp(1, MAX_CLOCK as u128) as i64
     }
 }
 

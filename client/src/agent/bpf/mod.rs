@@ -42,7 +42,7 @@ use fairplace_proto::v1 as pb;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 
 use super::tasks::{self, TaskSample};
-use super::{MAX_SIGNAL, Machine, Source, TaskReport, task_to_pb};
+use super::{MAX_CLOCK, MAX_SIGNAL, Machine, Source, TaskReport, task_to_pb};
 use record::{CpuRec, Snapshot};
 
 /// Task records (queued or ran) a read may hold; the program stops writing
@@ -273,9 +273,10 @@ impl Bpf {
 /// rq clock when the agent first saw it idle. 0 while busy, as the
 /// kernel's is; never 0 for an idle CPU.
 fn idle_stamp(first_idle: &mut i64, idle: bool, c: &CpuRec) -> i64 {
-    let seen = super::exact::update_idle_stamp(first_idle, idle, c.clock.min(1 << 62) as i64);
+    let seen =
+        super::exact::update_idle_stamp(first_idle, idle, c.clock.min(MAX_CLOCK as u64) as i64);
     if idle && c.idle_stamp > 0 {
-        c.idle_stamp.min(1 << 62) as i64
+        c.idle_stamp.min(MAX_CLOCK as u64) as i64
     } else {
         seen
     }
@@ -483,7 +484,9 @@ fn task_lists(
                     p
                 })
                 .collect(),
-            clock_task: clock_task.get(i).map_or(0, |&c| c.min(1 << 62) as i64),
+            clock_task: clock_task
+                .get(i)
+                .map_or(0, |&c| c.min(MAX_CLOCK as u64) as i64),
         })
         .collect()
 }
