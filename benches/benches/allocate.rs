@@ -61,7 +61,7 @@ fn allocate(c: &mut Criterion) {
         for count in [1usize, 4, 16] {
             group.bench_function(format!("{}_count_{count}", policy.as_str()), |b| {
                 b.iter(|| {
-                    let (_, lease) = store
+                    let (_, lease, _commit) = store
                         .allocate_locked(&node, Instant::now(), |snap, leased| {
                             let req = alloc::Request {
                                 topo: &snap.topo,
@@ -78,13 +78,14 @@ fn allocate(c: &mut Criterion) {
                                 cpus: g.mask(),
                                 policy: policy.as_str().into(),
                                 holder: String::new(),
+                                owner: "anonymous".into(),
                                 ttl: std::time::Duration::from_secs(30),
                                 target: None,
                             };
                             Ok::<_, alloc::NoRoom>((g, new))
                         })
                         .unwrap();
-                    black_box(store.release_lease(lease.id))
+                    black_box(store.release_lease(lease.id, |_| Ok::<(), ()>(())).is_ok())
                 });
             });
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use fairplace::service::heavy::default_workers as default_heavy_workers;
 use fairplace::service::listener::ListenOpts;
-use fairplace::service::{ServeConfig, serve, shutdown_signal};
+use fairplace::service::{LeaseStorage, ServeConfig, shutdown_signal};
 use fairplace::store::StoreConfig;
 
 #[derive(Parser)]
@@ -85,6 +85,16 @@ struct PkiArgs {
 
 #[derive(clap::Args)]
 struct ServeArgs {
+    /// Where leases are kept (DIR/leases.redb): every grant, renewal and
+    /// release is committed there before it is answered, and loaded again
+    /// at start. Default: /var/lib/fairplace as root, else the user's state
+    /// directory ($XDG_STATE_HOME/fairplace or ~/.local/state/fairplace).
+    #[arg(long, env = "FAIRPLACE_STATE_DIR")]
+    state_dir: Option<std::path::PathBuf>,
+    /// redb (durable, under --state-dir) or memory (leases end with the
+    /// process; for benchmarks and throwaway servers).
+    #[arg(long, default_value = "redb", value_parser = ["redb", "memory"])]
+    lease_store: String,
     /// gRPC listen address (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:50051")]
     grpc_addr: SocketAddr,
@@ -289,8 +299,19 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
         tls: tls_settings(&a)?,
         trust_domain: a.trust_domain.clone(),
         health_listener: None,
+        leases: match a.lease_store.as_str() {
+            "memory" => LeaseStorage::Memory,
+            _ => LeaseStorage::Dir(
+                a.state_dir
+                    .clone()
+                    .unwrap_or_else(fairplace_types::state_dir::default_state_dir),
+            ),
+        },
     };
     let metrics_addr = fairplace::service::install_metrics(a.metrics_addr)?;
+    // The lease store before the gRPC port: a state directory in use or
+    // unreadable stops the server before it listens.
+    let store = fairplace::service::open_store(&cfg)?;
     let listener = tokio::net::TcpListener::bind(a.grpc_addr).await?;
     let grpc_addr = listener.local_addr()?;
     let mut health_note = String::new();
@@ -304,7 +325,7 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
         "fairplace-server listening grpc={grpc_addr} metrics=http://{metrics_addr}/metrics{health_note}"
     );
     tracing::info!(%grpc_addr, %metrics_addr, "serving");
-    serve(cfg, listener, shutdown_signal()).await
+    fairplace::service::serve_store(cfg, store, listener, shutdown_signal()).await
 }
 
 fn decide(file: &str, limits: fairplace::decide::Limits) -> ExitCode {

@@ -52,10 +52,14 @@ pub const CPUS_LEASED: &str = "fairplace_cpus_leased";
 pub const LEASE_GRANTS: &str = "fairplace_lease_grants_total";
 pub const LEASE_REFUSALS: &str = "fairplace_lease_refusals_total";
 pub const LEASES_ENDED: &str = "fairplace_leases_ended_total";
+pub const LEASES_RECOVERED: &str = "fairplace_leases_recovered_total";
+pub const LEASE_COMMIT_SECONDS: &str = "fairplace_lease_store_commit_seconds";
+pub const LEASE_COMMIT_BATCHES: &str = "fairplace_lease_store_commit_batches";
+pub const LEASE_STORE_ERRORS: &str = "fairplace_lease_store_errors_total";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 46] = [
+pub const ALL: [(&str, &str, &str); 50] = [
     (
         DECISIONS,
         "counter",
@@ -280,7 +284,27 @@ pub const ALL: [(&str, &str, &str); 46] = [
     (
         LEASES_ENDED,
         "counter",
-        "Leases ended, by how: released, expired, target_gone, apply_failed, forgotten (with their node).",
+        "Leases ended, by how: released, expired, target_gone, apply_failed, topology (CPUs the node no longer has), conflict (lost to an earlier lease an agent held), store_failed.",
+    ),
+    (
+        LEASES_RECOVERED,
+        "counter",
+        "Leases found after a restart, by how: loaded (from the lease store at start), expired (at start or reported by an agent), kept (an agent's lease the server knew), adopted (an agent's lease the server had lost), conflict (an agent's lease refused, or a later one of the server's ended).",
+    ),
+    (
+        LEASE_COMMIT_SECONDS,
+        "histogram",
+        "Time of one lease-store commit (one transaction and its fsync, for every grant, renewal and release waiting).",
+    ),
+    (
+        LEASE_COMMIT_BATCHES,
+        "histogram",
+        "Lease ops batches committed together in one lease-store transaction (group commit).",
+    ),
+    (
+        LEASE_STORE_ERRORS,
+        "counter",
+        "Lease-store commits that failed (their RPCs answered UNAVAILABLE).",
     ),
 ];
 
@@ -325,6 +349,11 @@ const LATENCY_BUCKETS: [f64; 16] = [
     1e-7, 2.5e-7, 5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3,
     2.5e-2, 1e-1,
 ];
+/// A commit is an fsync: tens of microseconds on a fast SSD, tens of
+/// milliseconds on a busy disk.
+const COMMIT_BUCKETS: [f64; 12] = [
+    1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 1e-1, 1.0,
+];
 const SCANNED_BUCKETS: [f64; 13] = [
     0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
 ];
@@ -354,6 +383,7 @@ pub fn install(addr: SocketAddr) -> Result<SocketAddr, String> {
         TLS_HANDSHAKE_FAILURES,
         TLS_RELOADS,
         TLS_RELOAD_ERRORS,
+        LEASE_STORE_ERRORS,
     ] {
         metrics::counter!(name).absolute(0);
     }
@@ -363,6 +393,7 @@ pub fn install(addr: SocketAddr) -> Result<SocketAddr, String> {
     }
     metrics::counter!(LEASE_REFUSALS, "policy" => "kernel", "reason" => "leased").absolute(0);
     metrics::counter!(LEASES_ENDED, "how" => "released").absolute(0);
+    metrics::counter!(LEASES_RECOVERED, "how" => "loaded").absolute(0);
     Ok(bound)
 }
 
@@ -382,6 +413,8 @@ fn builder() -> Result<PrometheusBuilder, String> {
     let b = set(b, CLUSTER_GROUPS_COMPARED, &SCANNED_BUCKETS)?;
     let b = set(b, CACHE_SCAN_CPUS, &SCANNED_BUCKETS)?;
     let b = set(b, BALANCE_DURATION, &LATENCY_BUCKETS)?;
+    let b = set(b, LEASE_COMMIT_SECONDS, &COMMIT_BUCKETS)?;
+    let b = set(b, LEASE_COMMIT_BATCHES, &SCANNED_BUCKETS)?;
     set(b, DECISION_STATE_AGE, &AGE_BUCKETS)
 }
 

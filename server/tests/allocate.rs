@@ -373,15 +373,40 @@ async fn leases_expire_and_renewal_keeps_them() {
 }
 
 #[tokio::test]
-async fn a_forgotten_node_takes_its_leases_with_it() {
+async fn a_forgotten_nodes_leases_wait_for_it_and_stay_releasable() {
     let p = placement();
     node(&p, "a", spec(1, 2, 1), &[]);
-    let r = alloc(&p, req("a", 2, "kernel")).await.unwrap();
-    assert_eq!(p.store.leases_outstanding(), (1, 2));
+    let r = alloc(&p, req("a", 1, "kernel")).await.unwrap();
+    let kept = alloc(&p, req("a", 1, "kernel")).await.unwrap();
+    assert_eq!(p.store.leases_outstanding(), (2, 2));
     p.store
         .forget_stale(Instant::now() + Duration::from_secs(100_000));
-    assert_eq!(p.store.leases_outstanding(), (0, 0));
-    assert!(p.store.release_lease(r.lease_id).is_none());
+    assert!(p.store.get("a").is_none());
+    // Parked, not ended: still outstanding, and the owner can release one.
+    assert_eq!(p.store.leases_outstanding(), (2, 2));
+    p.release_cpus(Request::new(pb::ReleaseCpusRequest {
+        lease_id: r.lease_id,
+    }))
+    .await
+    .unwrap();
+    assert_eq!(p.store.leases_outstanding(), (1, 1));
+    // The node comes back: the other lease counts on it again, on its CPU.
+    node(&p, "a", spec(1, 2, 1), &[]);
+    let n = p.store.get("a").unwrap();
+    let leases = p.store.leases_of(&n);
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0].id, kept.lease_id);
+    assert_eq!(leases[0].cpus.to_string(), kept.cpus);
+    let cpu: usize = kept.cpus.parse().unwrap();
+    assert_eq!(n.snapshot().state.cpus[cpu].nr_running, 1);
+    // A released id is gone for good.
+    let e = p
+        .release_cpus(Request::new(pb::ReleaseCpusRequest {
+            lease_id: r.lease_id,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
 }
 
 #[tokio::test]

@@ -38,9 +38,11 @@ def free_port():
 def start_server(*extra, words_out=None):
     """Starts fairplace-server on free ports; returns (process, grpc, metrics url).
     words_out, a dict, receives every key=value of the server's first line."""
+    # Each server keeps its leases in a directory of its own.
+    state = tempfile.mkdtemp(prefix="fairplace-py-state-")
     srv = subprocess.Popen(
         [os.path.join(BIN, "fairplace-server"), "serve", "--grpc-addr", "127.0.0.1:0",
-         "--metrics-addr", "127.0.0.1:0", *extra],
+         "--metrics-addr", "127.0.0.1:0", "--state-dir", state, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = srv.stdout.readline()
     words = dict(w.split("=", 1) for w in line.split() if "=" in w)

@@ -60,6 +60,34 @@ fn log_sink(name: &str) -> Stdio {
     }
 }
 
+/// A fresh directory under the system's temporary one, for one server's
+/// lease store or one agent's checkpoint; removed by [`StateDir`]'s drop.
+pub struct StateDir(pub PathBuf);
+
+impl StateDir {
+    pub fn new(what: &str) -> StateDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!(
+            "fairplace-test-{what}-{}-{n}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("state dir");
+        StateDir(d)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8 temp dir")
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A running `fairplace-server serve`.
 pub struct Server {
     pub child: Child,
@@ -67,10 +95,28 @@ pub struct Server {
     pub metrics: String,
     /// The plaintext health-only listener (`--health-addr`).
     pub health: Option<String>,
+    /// Its own lease store, when the caller named none.
+    pub state: Option<StateDir>,
 }
 
 impl Server {
+    /// A server on free ports, with a lease store of its own (a fresh
+    /// temporary `--state-dir`) unless `extra` names one.
     pub fn start(extra: &[&str]) -> Server {
+        let named = extra
+            .iter()
+            .any(|a| *a == "--state-dir" || *a == "--lease-store");
+        let state = (!named).then(|| StateDir::new("server"));
+        let mut args: Vec<&str> = extra.to_vec();
+        if let Some(d) = &state {
+            args.extend(["--state-dir", d.path()]);
+        }
+        let mut s = Server::spawn(&args);
+        s.state = state;
+        s
+    }
+
+    fn spawn(extra: &[&str]) -> Server {
         let mut child = Command::new(bin("fairplace-server"))
             .args([
                 "serve",
@@ -96,6 +142,7 @@ impl Server {
             grpc,
             metrics,
             health,
+            state: None,
         }
     }
 
@@ -158,18 +205,27 @@ pub fn send_signal_to_group(pgid: u32, sig: i32) {
 /// A running `fairplace-agent`.
 pub struct Agent {
     pub child: Child,
+    /// Its own checkpoint directory, when the caller named none.
+    pub state: Option<StateDir>,
 }
 
 impl Agent {
+    /// An agent with a checkpoint of its own (a fresh temporary
+    /// `--state-dir`) unless `args` names one.
     pub fn start(server: &str, args: &[&str]) -> Agent {
-        let child = Command::new(bin("fairplace-agent"))
-            .args(["--server", server])
-            .args(args)
+        let state =
+            (!args.contains(&"--state-dir")).then(|| StateDir::new("agent"));
+        let mut cmd = Command::new(bin("fairplace-agent"));
+        cmd.args(["--server", server]).args(args);
+        if let Some(d) = &state {
+            cmd.args(["--state-dir", d.path()]);
+        }
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(log_sink("agent"))
             .spawn()
             .expect("start fairplace-agent");
-        Agent { child }
+        Agent { child, state }
     }
 }
 

@@ -272,7 +272,7 @@ fn out_of_descriptors_the_server_backs_off_and_logs_once_per_interval() {
     let mut child = Command::new("bash")
         .arg("-c")
         .arg(format!(
-            "ulimit -n 64 && exec {} serve --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 2>{}",
+            "ulimit -n 64 && exec {} serve --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 --lease-store memory 2>{}",
             bin("fairplace-server").display(),
             log.display()
         ))

@@ -4,12 +4,14 @@
 //! ([`limits`], so the agent trims to exactly what the server accepts),
 //! the field-named error every input check returns ([`FieldError`]),
 //! how a scenario file is cut into scenarios ([`input`]), and how a
-//! client's string is quoted in an error ([`quote`]).
+//! client's string is quoted in an error ([`quote`]), and where state that
+//! must survive a restart lives by default ([`state_dir`]).
 
 pub mod cpumask;
 pub mod input;
 pub mod limits;
 pub mod quote;
+pub mod state_dir;
 
 use std::fmt;
 

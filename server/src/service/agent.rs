@@ -40,6 +40,10 @@ pub struct Agent {
     pub hub: Arc<super::allocate::LeaseHub>,
 }
 
+/// Leases an agent may report holding at registration (a node's CPUs, and
+/// then some: every lease holds at least one CPU).
+pub const MAX_HELD_LEASES: usize = crate::engine::cpumask::MAX_CPUS;
+
 type AckStream = Pin<Box<dyn Stream<Item = Result<pb::Ack, Status>> + Send>>;
 pub(crate) type AckTx = mpsc::Sender<Result<pb::Ack, Box<Status>>>;
 
@@ -122,7 +126,8 @@ impl ReportStream {
     }
 
     async fn run(mut self, mut inbound: Streaming<pb::AgentMessage>, register_timeout: Duration) {
-        let Some((node, generation)) = self.accept_register(&mut inbound, register_timeout).await
+        let Some((node, generation, held)) =
+            self.accept_register(&mut inbound, register_timeout).await
         else {
             return;
         };
@@ -137,7 +142,8 @@ impl ReportStream {
             // Leases reach this node through this stream from now on, and
             // its live ones are applied again.
             self.hub.attach(&node.id, generation, self.tx.clone());
-            self.hub.resend(&self.store, &node, &self.tx).await;
+            let drop = super::allocate::reconcile(&self.store, &node, &held).await;
+            self.hub.resend(&self.store, &node, &self.tx, drop).await;
             self.serve_updates(&mut inbound, &node, generation).await;
             self.hub.detach(&node.id, generation);
         }
@@ -151,7 +157,7 @@ impl ReportStream {
         &mut self,
         inbound: &mut Streaming<pb::AgentMessage>,
         timeout: Duration,
-    ) -> Option<(Arc<crate::store::Node>, u64)> {
+    ) -> Option<(Arc<crate::store::Node>, u64, Vec<pb::LeaseGrant>)> {
         let first = tokio::select! {
             r = tokio::time::timeout(timeout, inbound.message()) => Some(r),
             _ = self.stopping.wait_for(|s| *s) => None,
@@ -177,7 +183,7 @@ impl ReportStream {
                 return None;
             }
         };
-        let Some(Body::Register(reg)) = msg.body else {
+        let Some(Body::Register(mut reg)) = msg.body else {
             rejected("not_registered");
             self.end(Status::invalid_argument(
                 "body: the first message must be a Register",
@@ -191,13 +197,24 @@ impl ReportStream {
             self.end(s).await;
             return None;
         }
+        // The leases the agent holds are reconciled once the node is in.
+        let held = std::mem::take(&mut reg.held_leases);
+        if held.len() > MAX_HELD_LEASES {
+            rejected("invalid");
+            self.end(Status::invalid_argument(format!(
+                "register.held_leases: {} leases is more than the {MAX_HELD_LEASES} a node may hold",
+                held.len()
+            )))
+            .await;
+            return None;
+        }
         let store = Arc::clone(&self.store);
         match self
             .heavy
             .run("register", move || register(&store, reg))
             .await
         {
-            Ok(Ok(x)) => Some(x),
+            Ok(Ok((node, generation))) => Some((node, generation, held)),
             Ok(Err(e)) => {
                 rejected(e.reason());
                 let status = match e {

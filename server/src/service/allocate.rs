@@ -4,10 +4,16 @@
 //! An allocation is validated (every field named in its refusal), decided
 //! by a policy of `crate::alloc` under the node's writer (so concurrent
 //! allocations never share a CPU) and committed as a lease in the store,
-//! where it counts in every later decision. With `apply`, the lease goes to
-//! the node's agent over its Report stream as an unsolicited Ack, and the
-//! call returns only when the agent answered, failed or timed out; a lease
-//! that could not be applied is released before the error is returned.
+//! where it counts in every later decision; the call answers only once the
+//! lease log made it durable. With `apply`, the lease goes to the node's
+//! agent over its Report stream as an unsolicited Ack, and the call returns
+//! only when the agent answered, failed or timed out; a lease that could
+//! not be applied is released before the error is returned. Every lease,
+//! applied or not, is sent to its node's agent, which keeps it on record
+//! (the node is the lease's second witness, `store/lease_recovery.rs`).
+//!
+//! A lease belongs to the identity that took it: Renew and Release by
+//! anyone else but an admin are PERMISSION_DENIED.
 //!
 //! Work is bounded: an allocation costs O(count x CPUs) and runs in the
 //! heavy pool when that product is large; the hub holds one sender per
@@ -23,12 +29,16 @@ use tonic::Status;
 
 use super::agent::AckTx;
 use super::convert;
+use super::identity::{self, Caller};
 use super::placement::Placement;
 use crate::alloc::{self, Grant, NoRoom, Policy};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::Task;
 use crate::metrics as m;
-use crate::store::{Lease, NewLease, Node, Store, Target};
+use crate::store::{
+    Commit, Ended, Lease, LeaseRecord, LeaseRefusal, NewLease, Node, Reconciled, Store, Target,
+    wall_ms,
+};
 
 /// A lease's lifetime when the request gives none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -71,21 +81,31 @@ impl LeaseHub {
         lock(&self.streams).get(node).map(|(_, tx)| tx.clone())
     }
 
-    /// Sends the node's live leases with a target to its new stream: the
-    /// agent (re)applies them after it (re)starts.
-    pub async fn resend(&self, store: &Store, node: &Node, tx: &AckTx) {
+    /// After a registration: tells the agent which of its leases it must
+    /// drop (reconciliation) and sends it every live lease of the node, so
+    /// it (re)applies the ones with a target and keeps all on record.
+    pub async fn resend(&self, store: &Store, node: &Node, tx: &AckTx, released: Vec<u64>) {
         let grants: Vec<pb::LeaseGrant> = store
             .leases_of(node)
             .iter()
-            .filter(|l| l.target.is_some())
-            .map(grant_pb)
+            .map(|l| grant_pb(l, &node.id))
             .collect();
-        if !grants.is_empty() {
+        if !grants.is_empty() || !released.is_empty() {
             let ack = pb::Ack {
                 grants,
+                released,
                 ..Default::default()
             };
             let _ = tx.send(Ok(ack)).await;
+        }
+    }
+
+    /// Tells the node's agent of a lease it only keeps on record (no
+    /// target), or of a renewal (best effort: the full set is sent again
+    /// at its next registration).
+    fn push(&self, node: &str, ack: pb::Ack) {
+        if let Some(tx) = self.sender(node) {
+            let _ = tx.try_send(Ok(ack));
         }
     }
 
@@ -120,10 +140,16 @@ impl LeaseHub {
         }
         if o.ok {
             store.mark_lease_applied(node, o.lease_id);
-        } else if matches!(o.reason.as_str(), "gone" | "not_found") {
-            if store.release_lease(o.lease_id).is_some() {
+        } else if matches!(
+            o.reason.as_str(),
+            "gone" | "not_found" | "permission_denied"
+        ) {
+            // The node's own report ends its own lease (checked above);
+            // the log commits it in order, nobody waits for it.
+            if let Ok((_, commit)) = store.release_lease(o.lease_id, |_| Ok::<(), ()>(())) {
+                commit.detach();
                 metrics::counter!(m::LEASES_ENDED, "how" => "target_gone").increment(1);
-                tracing::info!(node = %node.id, lease = o.lease_id, "lease released: its target is gone");
+                tracing::info!(node = %node.id, lease = o.lease_id, reason = %o.reason, message = %o.message, "lease released: the agent cannot apply it");
             }
         } else {
             tracing::warn!(node = %node.id, lease = o.lease_id, reason = %o.reason, message = %o.message, "the agent could not re-apply a lease");
@@ -141,7 +167,7 @@ impl LeaseHub {
         let (wtx, wrx) = oneshot::channel();
         lock(&self.pending).insert(lease.id, (node.id.clone(), wtx));
         let ack = pb::Ack {
-            grants: vec![grant_pb(lease)],
+            grants: vec![grant_pb(lease, &node.id)],
             ..Default::default()
         };
         let sent = tokio::time::timeout(APPLY_TIMEOUT, tx.send(Ok(ack))).await;
@@ -194,12 +220,64 @@ pub fn target_pb(t: &Target) -> pb::ApplyTarget {
     }
 }
 
-fn grant_pb(l: &Lease) -> pb::LeaseGrant {
+fn grant_pb(l: &Lease, node: &str) -> pb::LeaseGrant {
+    let r = l.record(node);
     pb::LeaseGrant {
-        lease_id: l.id,
-        cpus: l.cpus.to_string(),
-        target: l.target.as_ref().map(target_pb),
+        lease_id: r.id,
+        cpus: r.cpus,
+        target: r.target.as_ref().map(target_pb),
+        policy: r.policy,
+        holder: r.holder,
+        owner: r.owner,
+        ttl_ms: r.ttl_ms.min(u32::MAX as u64) as u32,
+        expires_at_unix_ms: r.expires_at_ms,
+        granted_at_unix_ms: r.granted_at_ms,
     }
+}
+
+/// A lease an agent reports holding, as the log would keep it.
+pub fn held_record(g: &pb::LeaseGrant, node: &str) -> LeaseRecord {
+    LeaseRecord {
+        id: g.lease_id,
+        node: node.to_string(),
+        cpus: g.cpus.clone(),
+        policy: g.policy.clone(),
+        holder: g.holder.clone(),
+        owner: g.owner.clone(),
+        target: g.target.as_ref().and_then(|t| check_target(t).ok()),
+        ttl_ms: g.ttl_ms as u64,
+        expires_at_ms: g.expires_at_unix_ms,
+        granted_at_ms: g.granted_at_unix_ms,
+        applied: g.target.is_some(),
+    }
+}
+
+/// Reconciles the leases a registering agent holds and logs what happened;
+/// returns the ids the agent must drop. Waits for the adoptions to be
+/// durable before the agent is told anything.
+pub async fn reconcile(store: &Store, node: &Node, held: &[pb::LeaseGrant]) -> Vec<u64> {
+    let records: Vec<LeaseRecord> = held.iter().map(|g| held_record(g, &node.id)).collect();
+    let Reconciled {
+        kept,
+        adopted,
+        conflicts,
+        expired,
+        release_on_node,
+        ended,
+        commit,
+    } = store.reconcile_leases(node, &records);
+    if !ended.is_empty() {
+        metrics::counter!(m::LEASES_ENDED, "how" => "conflict").increment(ended.len() as u64);
+    }
+    if let Some(c) = commit
+        && let Err(e) = c.wait().await
+    {
+        tracing::error!(node = %node.id, error = %e, "adopted leases could not be made durable");
+    }
+    if !held.is_empty() || !release_on_node.is_empty() {
+        tracing::info!(node = %node.id, reported = held.len(), kept, adopted, conflicts, expired, "leases reconciled with the node's agent");
+    }
+    release_on_node
 }
 
 /// Leases as GetNode shows them.
@@ -214,6 +292,9 @@ pub fn leases_to_pb(leases: &[Lease], now: Instant) -> Vec<pb::Lease> {
             expires_in_ms: l.expires.saturating_duration_since(now).as_millis() as u64,
             apply: l.target.as_ref().map(target_pb),
             applied: l.applied,
+            owner: l.owner.clone(),
+            expires_at_unix_ms: wall_ms(l.expires),
+            granted_at_unix_ms: l.granted_at_ms,
         })
         .collect()
 }
@@ -223,6 +304,8 @@ struct Checked {
     policy: Policy,
     count: usize,
     holder: String,
+    /// The caller's identity, the lease's owner.
+    owner: String,
     ttl: Duration,
     target: Option<Target>,
 }
@@ -231,7 +314,7 @@ fn invalid(field: &str, msg: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {msg}"))
 }
 
-fn check(r: &pb::AllocateCpusRequest) -> Result<Checked, Status> {
+fn check(r: &pb::AllocateCpusRequest, caller: &Caller) -> Result<Checked, Status> {
     let policy = Policy::parse(&r.policy).ok_or_else(|| {
         invalid(
             "policy",
@@ -276,6 +359,7 @@ fn check(r: &pb::AllocateCpusRequest) -> Result<Checked, Status> {
         policy,
         count: r.count as usize,
         holder: r.holder.clone(),
+        owner: caller.owner(),
         ttl,
         target: r.apply.as_ref().map(check_target).transpose()?,
     })
@@ -353,16 +437,16 @@ fn node_task(
     Ok(task)
 }
 
-/// Decides and commits the lease under the node's writer.
+/// Decides the lease under the node's writer and submits it to the log.
 fn decide(
     store: &Store,
     node: &Node,
     task: &Task,
     c: &Checked,
     now: Instant,
-) -> Result<(Grant, Lease, u64), NoRoom> {
+) -> Result<(Grant, Lease, u64, Commit), NoRoom> {
     let sys = store.config.system;
-    let ((grant, version), lease) = store.allocate_locked(node, now, |snap, leased| {
+    let ((grant, version), lease, commit) = store.allocate_locked(node, now, |snap, leased| {
         let req = alloc::Request {
             topo: &snap.topo,
             state: &snap.state,
@@ -378,12 +462,13 @@ fn decide(
             cpus: grant.mask(),
             policy: c.policy.as_str().to_string(),
             holder: c.holder.clone(),
+            owner: c.owner.clone(),
             ttl: c.ttl,
             target: c.target.clone(),
         };
         Ok(((grant, snap.version), new))
     })?;
-    Ok((grant, lease, version))
+    Ok((grant, lease, version, commit))
 }
 
 fn refused(policy: &str, reason: &str) {
@@ -394,10 +479,11 @@ fn refused(policy: &str, reason: &str) {
 /// AllocateCpus.
 pub async fn allocate_cpus(
     p: &Placement,
+    caller: &Caller,
     r: pb::AllocateCpusRequest,
 ) -> Result<pb::AllocateCpusResponse, Status> {
     let policy_label = Policy::parse(&r.policy).map_or("unknown", Policy::as_str);
-    let out = allocate_inner(p, r).await;
+    let out = allocate_inner(p, caller, r).await;
     if let Err((reason, _)) = &out {
         refused(policy_label, reason);
     }
@@ -406,9 +492,10 @@ pub async fn allocate_cpus(
 
 async fn allocate_inner(
     p: &Placement,
+    caller: &Caller,
     r: pb::AllocateCpusRequest,
 ) -> Result<pb::AllocateCpusResponse, (&'static str, Status)> {
-    let c = check(&r).map_err(|s| ("invalid", s))?;
+    let c = check(&r, caller).map_err(|s| ("invalid", s))?;
     let node = choose_node(p, &r).map_err(|s| ("node", s))?;
     let now = Instant::now();
     let (snap, _) = p.fresh_snapshot(&node, now).map_err(|s| ("node", s))?;
@@ -425,16 +512,28 @@ async fn allocate_inner(
             .await
             .map_err(|s| ("busy", s))?
     };
-    let (grant, lease, version) =
+    let (grant, lease, version, commit) =
         decided.map_err(|e| (e.reason, Status::resource_exhausted(e.message)))?;
+    if let Err(e) = commit.wait().await {
+        // Not durable: not granted. Its CPUs go back at once.
+        end_unanswered(&p.store, lease.id, "store_failed");
+        return Err(("store", Status::unavailable(e.to_string())));
+    }
     let mut applied = false;
     if lease.target.is_some() {
         if let Err(s) = p.hub.apply(&p.store, &node, &lease).await {
-            p.store.release_lease(lease.id);
-            metrics::counter!(m::LEASES_ENDED, "how" => "apply_failed").increment(1);
+            end_unanswered(&p.store, lease.id, "apply_failed");
             return Err(("apply", s));
         }
         applied = true;
+    } else {
+        p.hub.push(
+            &node.id,
+            pb::Ack {
+                grants: vec![grant_pb(&lease, &node.id)],
+                ..Default::default()
+            },
+        );
     }
     metrics::counter!(m::LEASE_GRANTS, "policy" => c.policy.as_str()).increment(1);
     tracing::debug!(node = %node.id, lease = lease.id, cpus = %lease.cpus, policy = c.policy.as_str(), holder = %c.holder, "lease granted");
@@ -459,37 +558,61 @@ async fn allocate_inner(
     })
 }
 
+/// Ends a lease whose grant is being refused (the log deletes it in order).
+fn end_unanswered(store: &Store, id: u64, how: &'static str) {
+    if let Ok((_, commit)) = store.release_lease(id, |_| Ok::<(), ()>(())) {
+        commit.detach();
+    }
+    metrics::counter!(m::LEASES_ENDED, "how" => how).increment(1);
+}
+
+/// A Release or Renew that did not happen, as a status.
+fn refusal(id: u64, r: LeaseRefusal<Status>) -> Status {
+    match r {
+        LeaseRefusal::NotFound => no_lease(id),
+        LeaseRefusal::Refused(s) => s,
+    }
+}
+
 fn no_lease(id: u64) -> Status {
     Status::not_found(format!(
         "lease_id: no live lease {id} (never granted, released, expired, or its node forgotten)"
     ))
 }
 
-/// ReleaseCpus.
-pub fn release_cpus(
+/// ReleaseCpus: the owner's or an admin's; durable before it answers.
+pub async fn release_cpus(
     p: &Placement,
+    caller: &Caller,
     r: pb::ReleaseCpusRequest,
 ) -> Result<pb::ReleaseCpusResponse, Status> {
     if r.lease_id == 0 {
         return Err(invalid("lease_id", "must not be 0"));
     }
-    let ended = p
+    let (ended, commit): (Ended, Commit) = p
         .store
-        .release_lease(r.lease_id)
-        .ok_or_else(|| no_lease(r.lease_id))?;
+        .release_lease(r.lease_id, |l| {
+            identity::check_lease_owner(caller, "release", l.id, &l.owner)
+        })
+        .map_err(|e| refusal(r.lease_id, e))?;
     metrics::counter!(m::LEASES_ENDED, "how" => "released").increment(1);
-    if ended.lease.target.is_some() {
-        p.hub.notify_released(&ended.node, vec![ended.lease.id]);
-    }
+    p.hub.notify_released(&ended.node, vec![ended.lease.id]);
+    commit.wait().await.map_err(|e| {
+        Status::unavailable(format!(
+            "lease {} is released here, but {e}: it may come back after a restart until it expires",
+            r.lease_id
+        ))
+    })?;
     Ok(pb::ReleaseCpusResponse {
         node_id: ended.node,
         cpus: ended.lease.cpus.to_string(),
     })
 }
 
-/// RenewLease.
-pub fn renew_lease(
+/// RenewLease: the owner's or an admin's; durable before it answers.
+pub async fn renew_lease(
     p: &Placement,
+    caller: &Caller,
     r: pb::RenewLeaseRequest,
 ) -> Result<pb::RenewLeaseResponse, Status> {
     if r.lease_id == 0 {
@@ -502,12 +625,30 @@ pub fn renew_lease(
         ));
     }
     let ttl = (r.ttl_ms > 0).then(|| Duration::from_millis(r.ttl_ms as u64));
-    let t = p
+    let (renewed, commit) = p
         .store
-        .renew_lease(r.lease_id, ttl, Instant::now())
-        .ok_or_else(|| no_lease(r.lease_id))?;
+        .renew_lease(r.lease_id, ttl, Instant::now(), |l| {
+            identity::check_lease_owner(caller, "renew", l.id, &l.owner)
+        })
+        .map_err(|e| refusal(r.lease_id, e))?;
+    commit
+        .wait()
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let l = &renewed.lease;
+    p.hub.push(
+        &renewed.node,
+        pb::Ack {
+            renewed: vec![pb::LeaseRenewal {
+                lease_id: l.id,
+                ttl_ms: l.ttl.as_millis() as u32,
+                expires_at_unix_ms: wall_ms(l.expires),
+            }],
+            ..Default::default()
+        },
+    );
     Ok(pb::RenewLeaseResponse {
-        ttl_ms: t.as_millis() as u32,
+        ttl_ms: l.ttl.as_millis() as u32,
     })
 }
 
@@ -524,9 +665,7 @@ pub fn spawn_expiry(store: Arc<Store>, hub: Arc<LeaseHub>) -> tokio::task::JoinH
             metrics::counter!(m::LEASES_ENDED, "how" => "expired").increment(ended.len() as u64);
             for e in ended {
                 tracing::info!(node = %e.node, lease = e.lease.id, "lease expired");
-                if e.lease.target.is_some() {
-                    hub.notify_released(&e.node, vec![e.lease.id]);
-                }
+                hub.notify_released(&e.node, vec![e.lease.id]);
             }
         }
     })

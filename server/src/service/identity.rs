@@ -298,6 +298,32 @@ impl Caller {
     }
 }
 
+impl Caller {
+    /// The identity a lease records as its owner: the SPIFFE ID, or
+    /// "anonymous" without client authentication.
+    pub fn owner(&self) -> String {
+        match self {
+            Caller::Open => ANONYMOUS.to_string(),
+            Caller::Authenticated(id) => id.id.clone(),
+        }
+    }
+}
+
+/// The owner of leases taken without client authentication.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// Only a lease's owner or an admin may renew or release it (without
+/// client authentication every caller is the same anonymous one).
+pub fn check_lease_owner(caller: &Caller, what: &str, id: u64, owner: &str) -> Result<(), Status> {
+    match caller {
+        Caller::Open => Ok(()),
+        Caller::Authenticated(c) if c.role == Role::Admin || c.id == owner => Ok(()),
+        Caller::Authenticated(c) => Err(Status::permission_denied(format!(
+            "lease_id: lease {id} is held by {owner}; {c} may not {what} it (only its owner or an admin)"
+        ))),
+    }
+}
+
 /// A node certificate may register and update only its own node.
 pub fn check_report_node(caller: &Caller, node_id: &str) -> Result<(), Status> {
     match caller {

@@ -54,6 +54,18 @@ pub struct ServeConfig {
     /// A plaintext listener that serves only grpc.health.v1 (for probes
     /// that cannot present a client certificate).
     pub health_listener: Option<Arc<std::net::TcpListener>>,
+    /// Where leases are kept durably.
+    pub leases: LeaseStorage,
+}
+
+/// Where a server keeps its leases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseStorage {
+    /// In memory: they do not survive the process (tests, benchmarks).
+    Memory,
+    /// `DIR/leases.redb`, committed before each grant, renewal or release
+    /// is answered.
+    Dir(std::path::PathBuf),
 }
 
 impl Default for ServeConfig {
@@ -73,8 +85,29 @@ impl Default for ServeConfig {
             tls: None,
             trust_domain: "fairplace".into(),
             health_listener: None,
+            leases: LeaseStorage::Memory,
         }
     }
+}
+
+/// The store `cfg` describes, its leases loaded from the lease store (the
+/// expired ones ended); an unusable state directory is an error here,
+/// before anything is served.
+pub fn open_store(cfg: &ServeConfig) -> Result<Arc<Store>, crate::store::LogError> {
+    let log: Arc<dyn crate::store::LeaseLog> = match &cfg.leases {
+        LeaseStorage::Memory => Arc::new(crate::store::durable::MemoryLog),
+        LeaseStorage::Dir(d) => Arc::new(crate::store::durable::redb::RedbLog::open(d)?),
+    };
+    let store = Arc::new(Store::with_log(cfg.store.clone(), log));
+    let loaded = store.load_leases(Instant::now())?;
+    tracing::info!(
+        store = %store.lease_log(),
+        loaded = loaded.loaded,
+        expired = loaded.expired,
+        unreadable = loaded.unreadable,
+        "leases loaded"
+    );
+    Ok(store)
 }
 
 /// Serves until `shutdown` resolves; then health turns NOT_SERVING, the
@@ -86,7 +119,7 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let store = Arc::new(Store::new(cfg.store.clone()));
+    let store = open_store(&cfg)?;
     serve_store(cfg, store, listener, shutdown).await
 }
 

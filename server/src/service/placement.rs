@@ -365,7 +365,8 @@ impl PlacementService for Placement {
         &self,
         req: Request<pb::AllocateCpusRequest>,
     ) -> Result<Response<pb::AllocateCpusResponse>, Status> {
-        super::allocate::allocate_cpus(self, req.into_inner())
+        let caller = Caller::of(req.extensions());
+        super::allocate::allocate_cpus(self, &caller, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -374,14 +375,20 @@ impl PlacementService for Placement {
         &self,
         req: Request<pb::ReleaseCpusRequest>,
     ) -> Result<Response<pb::ReleaseCpusResponse>, Status> {
-        super::allocate::release_cpus(self, req.into_inner()).map(Response::new)
+        let caller = Caller::of(req.extensions());
+        super::allocate::release_cpus(self, &caller, req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn renew_lease(
         &self,
         req: Request<pb::RenewLeaseRequest>,
     ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
-        super::allocate::renew_lease(self, req.into_inner()).map(Response::new)
+        let caller = Caller::of(req.extensions());
+        super::allocate::renew_lease(self, &caller, req.into_inner())
+            .await
+            .map(Response::new)
     }
 }
 

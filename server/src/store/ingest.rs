@@ -110,8 +110,9 @@ impl Store {
             // decision counts carry over.
             let mut w = old.writer.lock().unwrap_or_else(PoisonError::into_inner);
             self.recount(&old, &mut w, None);
-            // Its leases name CPUs of the old topology: they end.
-            self.drop_leases(&mut w);
+            // Its leases wait for the new node, which takes back those
+            // whose CPUs it still has.
+            self.park_leases(id, &mut w);
             old.generation.store(generation, Ordering::SeqCst);
             overrides = std::mem::take(&mut w.overrides);
             decisions = old.decisions.each_ref().map(|d| d.load(Ordering::Relaxed));
@@ -173,6 +174,9 @@ impl Store {
             }
             self.nodes.insert(id.to_string(), Arc::clone(&node));
         }
+        // Leases kept while the node was away (forgotten, restarting, or
+        // this server restarting) count again from its first snapshot.
+        self.unpark_leases(&node);
         Ok((node, generation))
     }
 

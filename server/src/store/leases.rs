@@ -1,5 +1,5 @@
-//! Leases: sets of CPUs held for a holder (AllocateCpus) until released,
-//! expired or their node forgotten.
+//! Leases: sets of CPUs held for a holder (AllocateCpus) until released or
+//! expired, owned by the identity that took them, and durable.
 //!
 //! A wakeup claim counts a CPU as running one more task for half a second;
 //! a lease does the same for as long as it lives, so every decision made on
@@ -11,22 +11,33 @@
 //! claim, a report of a leased CPU does not end the lease: it replaces the
 //! state underneath it.
 //!
-//! The store keeps an index lease id -> node id, so Release and Renew name a
-//! lease alone, and expiry visits only nodes that hold leases. Leases are
-//! exclusive: an allocation never hands out a CPU another live lease holds.
+//! Every change is submitted to the store's [`LeaseLog`] under the same
+//! mutex that changes the table (so the log's order is the table's) and
+//! the caller waits for the returned [`Commit`] before it answers.
+//!
+//! A lease outlives its node's registration: when the node is forgotten,
+//! restarts its agent with another topology, or has not registered yet
+//! after a server restart, its leases are *parked* (still in the index,
+//! still renewable and releasable, still expiring) and go back into the
+//! node when it registers. The store keeps an index lease id -> node id,
+//! so Release and Renew name a lease alone. Leases are exclusive: an
+//! allocation never hands out a CPU another live lease holds.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use super::claims::base_cpus;
+use super::durable::{Commit, LeaseOp, LeaseRecord, unix_ms_now};
 use super::{Node, Snapshot, Store, Writer};
-use crate::engine::cpumask::CpuMask;
+use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::CpuState;
 
 /// Where a lease is applied on its node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Target {
     /// Every thread of a process (sched_setaffinity).
     Pid(u32),
@@ -41,11 +52,75 @@ pub struct Lease {
     pub cpus: CpuMask,
     pub policy: String,
     pub holder: String,
+    /// The identity that took it: only it or an admin may end it.
+    pub owner: String,
     pub ttl: Duration,
     pub expires: Instant,
+    /// When it was granted, wall-clock ms (conflicts: the later one loses).
+    pub granted_at_ms: u64,
     pub target: Option<Target>,
     /// The agent confirmed it applied the lease.
     pub applied: bool,
+}
+
+/// `t` on the wall clock, in ms since the Unix epoch.
+pub fn wall_ms(t: Instant) -> u64 {
+    let now = Instant::now();
+    let base = unix_ms_now();
+    if t >= now {
+        base.saturating_add(t.duration_since(now).as_millis() as u64)
+    } else {
+        base.saturating_sub(now.duration_since(t).as_millis() as u64)
+    }
+}
+
+/// A wall-clock time (ms since the epoch) as an `Instant` of this process.
+fn instant_of(ms: u64, now: Instant, now_ms: u64) -> Instant {
+    if ms >= now_ms {
+        now + Duration::from_millis(ms - now_ms)
+    } else {
+        now.checked_sub(Duration::from_millis(now_ms - ms))
+            .unwrap_or(now)
+    }
+}
+
+impl Lease {
+    /// The lease as the log keeps it.
+    pub fn record(&self, node: &str) -> LeaseRecord {
+        LeaseRecord {
+            id: self.id,
+            node: node.to_string(),
+            cpus: self.cpus.to_string(),
+            policy: self.policy.clone(),
+            holder: self.holder.clone(),
+            owner: self.owner.clone(),
+            target: self.target.clone(),
+            ttl_ms: self.ttl.as_millis() as u64,
+            expires_at_ms: wall_ms(self.expires),
+            granted_at_ms: self.granted_at_ms,
+            applied: self.applied,
+        }
+    }
+
+    /// A kept record as a live lease; `None` for CPUs that do not parse.
+    pub fn from_record(r: &LeaseRecord, now: Instant, now_ms: u64) -> Option<Lease> {
+        let cpus = CpuMask::parse_cpulist(&r.cpus, MAX_CPUS).ok()?;
+        if cpus.is_empty() {
+            return None;
+        }
+        Some(Lease {
+            id: r.id,
+            cpus,
+            policy: r.policy.clone(),
+            holder: r.holder.clone(),
+            owner: r.owner.clone(),
+            ttl: Duration::from_millis(r.ttl_ms),
+            expires: instant_of(r.expires_at_ms, now, now_ms),
+            granted_at_ms: r.granted_at_ms,
+            target: r.target.clone(),
+            applied: r.applied,
+        })
+    }
 }
 
 /// What a new lease is made of, before it has an id.
@@ -54,6 +129,7 @@ pub struct NewLease {
     pub cpus: CpuMask,
     pub policy: String,
     pub holder: String,
+    pub owner: String,
     pub ttl: Duration,
     pub target: Option<Target>,
 }
@@ -61,14 +137,14 @@ pub struct NewLease {
 /// A node's leases, under its writer mutex.
 #[derive(Debug, Default)]
 pub(super) struct NodeLeases {
-    leases: BTreeMap<u64, Lease>,
+    pub(super) leases: BTreeMap<u64, Lease>,
     /// Each leased CPU's agent state without its lease.
     base: HashMap<u32, CpuState>,
 }
 
 impl NodeLeases {
     /// The CPUs held by any lease.
-    fn leased(&self) -> CpuMask {
+    pub(super) fn leased(&self) -> CpuMask {
         let mut m = CpuMask::new();
         for l in self.leases.values() {
             m.or_assign(&l.cpus);
@@ -107,20 +183,15 @@ impl NodeLeases {
     }
 }
 
-/// The store's lease index: id -> node, and the id counter.
-#[derive(Debug)]
-pub struct LeaseIndex {
-    next_id: AtomicU64,
-    by_id: Mutex<HashMap<u64, String>>,
-}
+type Parked = HashMap<String, BTreeMap<u64, Lease>>;
 
-impl Default for LeaseIndex {
-    fn default() -> Self {
-        Self {
-            next_id: AtomicU64::new(1),
-            by_id: Mutex::new(HashMap::new()),
-        }
-    }
+/// The store's lease index: id -> node, and the leases of nodes that are
+/// not registered now. Lock order: a node's writer, then `parked`, then
+/// `by_id`.
+#[derive(Debug, Default)]
+pub struct LeaseIndex {
+    by_id: Mutex<HashMap<u64, String>>,
+    parked: Mutex<Parked>,
 }
 
 impl LeaseIndex {
@@ -128,9 +199,40 @@ impl LeaseIndex {
         self.lock().get(&id).cloned()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, String>> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, HashMap<u64, String>> {
         self.by_id.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    pub(super) fn parked(&self) -> MutexGuard<'_, Parked> {
+        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new id: 64 random bits, never 0, never one that is live. Reserved
+    /// in the index for `node` before it is returned.
+    fn fresh_id(&self, node: &str) -> u64 {
+        let mut index = self.lock();
+        loop {
+            let id = random_u64();
+            if id != 0 && !index.contains_key(&id) {
+                index.insert(id, node.to_string());
+                return id;
+            }
+        }
+    }
+}
+
+/// 64 bits from the operating system's generator; should it ever fail, a
+/// hash keyed by std's per-process random keys over the time and a counter.
+fn random_u64() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| {
+        use std::hash::{BuildHasher, Hasher};
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(unix_ms_now());
+        h.write_u64(N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        h.write_u32(std::process::id());
+        h.finish()
+    })
 }
 
 /// A lease that ended, for the node's agent and the metrics.
@@ -140,83 +242,175 @@ pub struct Ended {
     pub lease: Lease,
 }
 
+/// Why a Release or Renew did not happen.
+#[derive(Debug)]
+pub enum LeaseRefusal<E> {
+    /// No live lease has the id.
+    NotFound,
+    /// The check refused the caller.
+    Refused(E),
+}
+
+/// One lease op on a node's lease map, wherever the map lives.
+type Edit<'a, R, E> = &'a mut dyn FnMut(&mut BTreeMap<u64, Lease>) -> Result<R, E>;
+
 impl Store {
     /// Decides and commits a lease under the node's writer: `decide` sees
     /// the current snapshot and the CPUs other leases hold, and returns the
     /// lease to make or why not. Deciding under the writer makes two
-    /// concurrent allocations see each other: they never share a CPU.
+    /// concurrent allocations see each other: they never share a CPU. The
+    /// returned commit makes it durable.
     pub fn allocate_locked<T, E>(
         &self,
         node: &Node,
         now: Instant,
         decide: impl FnOnce(&Snapshot, &CpuMask) -> Result<(T, NewLease), E>,
-    ) -> Result<(T, Lease), E> {
+    ) -> Result<(T, Lease, Commit), E> {
         let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let cur = node.snapshot();
         let held = w.leases.leased();
         let (out, new) = decide(&cur, &held)?;
-        let id = self.leases.next_id.fetch_add(1, Ordering::Relaxed);
         let lease = Lease {
-            id,
+            id: self.leases.fresh_id(&node.id),
             cpus: new.cpus,
             policy: new.policy,
             holder: new.holder,
+            owner: new.owner,
             ttl: new.ttl,
             expires: now + new.ttl,
+            granted_at_ms: unix_ms_now(),
             target: new.target,
             applied: false,
         };
-        w.leases.leases.insert(id, lease.clone());
-        self.leases.lock().insert(id, node.id.clone());
+        let commit = self.log.submit(vec![LeaseOp::Put(lease.record(&node.id))]);
+        w.leases.leases.insert(lease.id, lease.clone());
         self.republish(node, &mut w, &cur);
-        Ok((out, lease))
+        Ok((out, lease, commit))
     }
 
     /// Builds the next snapshot from the agent's state with the writer's
     /// claims and leases on top.
-    fn republish(&self, node: &Node, w: &mut Writer, cur: &Snapshot) {
+    pub(super) fn republish(&self, node: &Node, w: &mut Writer, cur: &Snapshot) {
         let cpus = base_cpus(cur, w);
         let topo = Arc::clone(&cur.topo);
         self.publish(node, w, cpus, topo, cur.features, None, cur);
     }
 
-    /// Ends a lease; returns it with its node id, or `None` if it is not
-    /// live (never granted, released, expired or forgotten).
-    pub fn release_lease(&self, id: u64) -> Option<Ended> {
-        let node_id = self.leases.node_of(id)?;
-        let node = self.get(&node_id)?;
-        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        let cur = node.snapshot();
-        // The agent's state as it is, before the lease leaves the writer.
-        let cpus = base_cpus(&cur, &w);
-        let lease = w.leases.leases.remove(&id)?;
-        self.leases.lock().remove(&id);
-        let topo = Arc::clone(&cur.topo);
-        self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
-        Some(Ended {
-            node: node_id,
-            lease,
-        })
-    }
-
-    /// Extends a live lease to `ttl` (or its own ttl) from `now`; returns
-    /// the lifetime it now has.
-    pub fn renew_lease(&self, id: u64, ttl: Option<Duration>, now: Instant) -> Option<Duration> {
-        let node = self.get(&self.leases.node_of(id)?)?;
-        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        let l = w.leases.leases.get_mut(&id)?;
-        if let Some(t) = ttl {
-            l.ttl = t;
+    /// Runs `edit` on the lease map that holds lease `id`: its node's (the
+    /// snapshot is republished when the lease left it) or its parked one. `None` when no
+    /// map holds it. A lease that moves between the two while it is looked
+    /// for (its node registering or leaving) is looked for again.
+    fn edit_lease<R, E>(&self, id: u64, edit: Edit<'_, R, E>) -> Option<Result<R, E>> {
+        for _ in 0..4 {
+            let node_id = self.leases.node_of(id)?;
+            if let Some(node) = self.get(&node_id) {
+                let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
+                if w.leases.leases.contains_key(&id) {
+                    let cur = node.snapshot();
+                    // The agent's state as it is, before a lease leaves.
+                    let cpus = base_cpus(&cur, &w);
+                    let r = edit(&mut w.leases.leases);
+                    if !w.leases.leases.contains_key(&id) {
+                        self.leases.lock().remove(&id);
+                        let topo = Arc::clone(&cur.topo);
+                        self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
+                    }
+                    return Some(r);
+                }
+                if let Some(r) = self.edit_parked(id, &node_id, &mut *edit) {
+                    return Some(r);
+                }
+            } else if let Some(r) = self.edit_parked(id, &node_id, &mut *edit) {
+                return Some(r);
+            }
         }
-        l.expires = now + l.ttl;
-        Some(l.ttl)
+        None
     }
 
-    /// Records the agent's confirmation of a lease.
+    fn edit_parked<R, E>(
+        &self,
+        id: u64,
+        node_id: &str,
+        edit: Edit<'_, R, E>,
+    ) -> Option<Result<R, E>> {
+        let mut parked = self.leases.parked();
+        let map = parked.get_mut(node_id).filter(|m| m.contains_key(&id))?;
+        let r = edit(map);
+        if !map.contains_key(&id) {
+            self.leases.lock().remove(&id);
+        }
+        if map.is_empty() {
+            parked.remove(node_id);
+        }
+        Some(r)
+    }
+
+    /// Ends lease `id` if `may` allows it; returns it with its node id and
+    /// the commit that makes the end durable.
+    pub fn release_lease<E>(
+        &self,
+        id: u64,
+        mut may: impl FnMut(&Lease) -> Result<(), E>,
+    ) -> Result<(Ended, Commit), LeaseRefusal<E>> {
+        let node = self.leases.node_of(id).ok_or(LeaseRefusal::NotFound)?;
+        let mut edit = |m: &mut BTreeMap<u64, Lease>| {
+            let l = m.get(&id).ok_or(None)?;
+            may(l).map_err(Some)?;
+            let commit = self.log.submit(vec![LeaseOp::Delete(id)]);
+            let lease = m.remove(&id).ok_or(None)?;
+            Ok((lease, commit))
+        };
+        match self.edit_lease(id, &mut edit) {
+            Some(Ok((lease, commit))) => Ok((Ended { node, lease }, commit)),
+            Some(Err(Some(e))) => Err(LeaseRefusal::Refused(e)),
+            Some(Err(None)) | None => Err(LeaseRefusal::NotFound),
+        }
+    }
+
+    /// Extends lease `id` to `ttl` (or its own ttl) from `now` if `may`
+    /// allows it; returns the lease as it now is and the commit.
+    pub fn renew_lease<E>(
+        &self,
+        id: u64,
+        ttl: Option<Duration>,
+        now: Instant,
+        mut may: impl FnMut(&Lease) -> Result<(), E>,
+    ) -> Result<(Ended, Commit), LeaseRefusal<E>> {
+        let node = self.leases.node_of(id).ok_or(LeaseRefusal::NotFound)?;
+        let mut edit = |m: &mut BTreeMap<u64, Lease>| {
+            let l = m.get_mut(&id).ok_or(None)?;
+            may(l).map_err(Some)?;
+            if let Some(t) = ttl {
+                l.ttl = t;
+            }
+            l.expires = now + l.ttl;
+            let commit = self.log.submit(vec![LeaseOp::Put(l.record(&node))]);
+            Ok((l.clone(), commit))
+        };
+        match self.edit_lease(id, &mut edit) {
+            Some(Ok((lease, commit))) => Ok((
+                Ended {
+                    node: node.clone(),
+                    lease,
+                },
+                commit,
+            )),
+            Some(Err(Some(e))) => Err(LeaseRefusal::Refused(e)),
+            Some(Err(None)) | None => Err(LeaseRefusal::NotFound),
+        }
+    }
+
+    /// Records the agent's confirmation of a lease (durably, without
+    /// waiting: a lost confirmation only means the agent applies it again).
     pub fn mark_lease_applied(&self, node: &Node, id: u64) {
         let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(l) = w.leases.leases.get_mut(&id) {
+        if let Some(l) = w.leases.leases.get_mut(&id)
+            && !l.applied
+        {
             l.applied = true;
+            self.log
+                .submit(vec![LeaseOp::Put(l.record(&node.id))])
+                .detach();
         }
     }
 
@@ -226,74 +420,136 @@ impl Store {
         w.leases.leases.values().cloned().collect()
     }
 
-    /// Drops leases whose time ended; returns them. Visits only the nodes
-    /// that hold leases.
-    pub fn expire_leases(&self, now: Instant) -> Vec<Ended> {
+    /// Nodes that hold leases (registered or parked), each once.
+    fn lease_nodes(&self) -> Vec<String> {
         let mut nodes: Vec<String> = self.leases.lock().values().cloned().collect();
         nodes.sort();
         nodes.dedup();
+        nodes
+    }
+
+    /// Drops leases whose time ended, registered and parked; returns them.
+    /// Visits only the nodes that hold leases.
+    pub fn expire_leases(&self, now: Instant) -> Vec<Ended> {
         let mut ended = Vec::new();
-        for id in nodes {
-            let Some(node) = self.get(&id) else {
-                continue;
-            };
-            let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
-            let gone: Vec<u64> = w
-                .leases
-                .leases
-                .values()
-                .filter(|l| l.expires <= now)
-                .map(|l| l.id)
-                .collect();
-            if gone.is_empty() {
-                continue;
-            }
-            let cur = node.snapshot();
-            let cpus = base_cpus(&cur, &w);
-            let mut index = self.leases.lock();
-            for lid in gone {
-                if let Some(lease) = w.leases.leases.remove(&lid) {
-                    index.remove(&lid);
-                    ended.push(Ended {
-                        node: id.clone(),
-                        lease,
-                    });
+        for id in self.lease_nodes() {
+            if let Some(node) = self.get(&id) {
+                let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
+                if w.leases.leases.values().any(|l| l.expires <= now) {
+                    let cur = node.snapshot();
+                    let cpus = base_cpus(&cur, &w);
+                    self.take_expired(&id, &mut w.leases.leases, now, &mut ended);
+                    let topo = Arc::clone(&cur.topo);
+                    self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
                 }
             }
-            drop(index);
-            let topo = Arc::clone(&cur.topo);
-            self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
+            let mut parked = self.leases.parked();
+            if let Some(map) = parked.get_mut(&id) {
+                self.take_expired(&id, map, now, &mut ended);
+                if map.is_empty() {
+                    parked.remove(&id);
+                }
+            }
         }
         ended
     }
 
-    /// A node leaving the store (forgotten, or re-registered with another
-    /// topology): its leases end with it.
-    pub(super) fn drop_leases(&self, w: &mut Writer) -> usize {
-        let ids: Vec<u64> = w.leases.leases.keys().copied().collect();
+    /// Moves the expired leases of `map` to `ended`, out of the index and
+    /// the log.
+    fn take_expired(
+        &self,
+        node: &str,
+        map: &mut BTreeMap<u64, Lease>,
+        now: Instant,
+        ended: &mut Vec<Ended>,
+    ) {
+        let gone: Vec<u64> = map
+            .values()
+            .filter(|l| l.expires <= now)
+            .map(|l| l.id)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        self.log
+            .submit(gone.iter().map(|&i| LeaseOp::Delete(i)).collect())
+            .detach();
         let mut index = self.leases.lock();
-        for id in &ids {
-            index.remove(id);
+        for lid in gone {
+            if let Some(lease) = map.remove(&lid) {
+                index.remove(&lid);
+                ended.push(Ended {
+                    node: node.to_string(),
+                    lease,
+                });
+            }
         }
-        w.leases = NodeLeases::default();
-        if !ids.is_empty() {
-            metrics::counter!(crate::metrics::LEASES_ENDED, "how" => "forgotten")
-                .increment(ids.len() as u64);
-        }
-        ids.len()
     }
 
-    /// Leases outstanding and the CPUs they hold, across all nodes.
+    /// A node leaving the store (forgotten, or re-registered with another
+    /// topology): its leases are parked until it registers again or they
+    /// expire. Returns how many.
+    pub(super) fn park_leases(&self, node: &str, w: &mut Writer) -> usize {
+        let leases = std::mem::take(&mut w.leases.leases);
+        w.leases = NodeLeases::default();
+        let n = leases.len();
+        if n > 0 {
+            self.leases
+                .parked()
+                .entry(node.to_string())
+                .or_default()
+                .extend(leases);
+        }
+        n
+    }
+
+    /// A node (re)entering the store takes back its parked leases. A lease
+    /// naming a CPU the node no longer has, or overlapping one it holds,
+    /// ends (counted as `topology`); the ended ones are returned.
+    pub(super) fn unpark_leases(&self, node: &Node) -> Vec<Ended> {
+        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(parked) = self.leases.parked().remove(&node.id) else {
+            return Vec::new();
+        };
+        let nr_cpus = node.spec.cpus.len();
+        let mut ended = Vec::new();
+        for (id, lease) in parked {
+            let fits = lease.cpus.iter().all(|c| c < nr_cpus)
+                && lease.cpus.and(&w.leases.leased()).is_empty();
+            if fits {
+                w.leases.leases.insert(id, lease);
+            } else {
+                self.log.submit(vec![LeaseOp::Delete(id)]).detach();
+                self.leases.lock().remove(&id);
+                ended.push(Ended {
+                    node: node.id.clone(),
+                    lease,
+                });
+            }
+        }
+        if !ended.is_empty() {
+            metrics::counter!(crate::metrics::LEASES_ENDED, "how" => "topology")
+                .increment(ended.len() as u64);
+            tracing::warn!(node = %node.id, ended = ended.len(), "leases naming CPUs the node no longer has ended");
+        }
+        let cur = node.snapshot();
+        self.republish(node, &mut w, &cur);
+        ended
+    }
+
+    /// Leases outstanding and the CPUs they hold, across all nodes (parked
+    /// ones included).
     pub fn leases_outstanding(&self) -> (usize, usize) {
-        let mut nodes: Vec<String> = self.leases.lock().values().cloned().collect();
-        nodes.sort();
-        nodes.dedup();
         let (mut leases, mut cpus) = (0, 0);
-        for id in nodes {
+        for id in self.lease_nodes() {
             if let Some(n) = self.get(&id) {
                 let w = n.writer.lock().unwrap_or_else(PoisonError::into_inner);
                 leases += w.leases.leases.len();
                 cpus += w.leases.leased().weight();
+            }
+            if let Some(m) = self.leases.parked().get(&id) {
+                leases += m.len();
+                cpus += m.values().map(|l| l.cpus.weight()).sum::<usize>();
             }
         }
         (leases, cpus)

@@ -77,7 +77,9 @@ impl Store {
     pub(super) fn retire(&self, n: &Node) {
         let mut w = n.writer.lock().unwrap_or_else(PoisonError::into_inner);
         self.recount(n, &mut w, None);
-        self.drop_leases(&mut w);
+        // Its leases outlive the registration: parked until the node is
+        // back or they expire.
+        self.park_leases(&n.id, &mut w);
         let g = self.next_generation.fetch_add(1, Ordering::Relaxed);
         n.generation.store(g, Ordering::SeqCst);
         n.connected.store(false, Ordering::SeqCst);

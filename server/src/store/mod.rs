@@ -11,7 +11,9 @@
 //!
 //! This file holds the types and publication; each kind of mutation has its
 //! own file: `ingest` (registration and agent updates), `claims`,
-//! `lifecycle` (freshness, forgetting nodes), `features`, `tasks` (task lists
+//! `lifecycle` (freshness, forgetting nodes), `leases` (and their durable
+//! log in `durable`, and their recovery after a restart in
+//! `lease_recovery`), `features`, `tasks` (task lists
 //! and runtime reports), `balance` (the node balancer's kept state around
 //! an engine pass), `cache` (the cache-aware accounting), `cluster_pick` and
 //! `cluster_pass` (the cluster hierarchy's placement and balance passes).
@@ -29,8 +31,10 @@ mod cache;
 mod claims;
 mod cluster_pass;
 mod cluster_pick;
+pub mod durable;
 mod features;
 mod ingest;
+mod lease_recovery;
 mod leases;
 mod lifecycle;
 mod tasks;
@@ -38,7 +42,9 @@ mod tasks;
 pub use balance::{BalanceOutcome, BalanceRequest};
 pub use cache::{CacheSummary, ProcSummary};
 pub use cluster_pass::ClusterBalanceRequest;
-pub use leases::{Ended, Lease, NewLease, Target};
+pub use durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError};
+pub use lease_recovery::{Loaded, Reconciled};
+pub use leases::{Ended, Lease, LeaseRefusal, NewLease, Target, wall_ms};
 pub use tasks::{CpuTaskList, RuntimeEntry};
 /// The limits of one update, for agents to cut their reports to.
 pub use tasks::{
@@ -343,12 +349,21 @@ pub struct Store {
     cluster_lb: Mutex<HashMap<(String, String), u32>>,
     /// One empty task table per CPU count, shared by every node without tasks.
     empty_tasks: Mutex<HashMap<usize, Arc<TaskTable>>>,
-    /// Lease id -> node id.
+    /// Lease id -> node id, and the leases of nodes not registered now.
     leases: leases::LeaseIndex,
+    /// The durable copy of the leases.
+    log: Arc<dyn LeaseLog>,
 }
 
 impl Store {
+    /// A store whose leases live in memory only.
     pub fn new(config: StoreConfig) -> Self {
+        Self::with_log(config, Arc::new(durable::MemoryLog))
+    }
+
+    /// A store whose leases are committed to `log` (load them with
+    /// [`Store::load_leases`] before serving).
+    pub fn with_log(config: StoreConfig, log: Arc<dyn LeaseLog>) -> Self {
         Self {
             nodes: DashMap::new(),
             admit: Mutex::new(()),
@@ -364,7 +379,13 @@ impl Store {
             cluster_lb: Mutex::new(HashMap::new()),
             empty_tasks: Mutex::new(HashMap::new()),
             leases: leases::LeaseIndex::default(),
+            log,
         }
+    }
+
+    /// Where leases are kept, for the start-up log line.
+    pub fn lease_log(&self) -> String {
+        self.log.describe()
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Node>> {

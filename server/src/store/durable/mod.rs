@@ -1,0 +1,138 @@
+//! The durable copy of the leases: one narrow trait, [`LeaseLog`], that
+//! keeps lease records across restarts, and its implementations.
+//!
+//! A lease is the one piece of state an agent's next report cannot give
+//! back, so every grant, renewal and release is committed to the log
+//! before its RPC answers. The in-memory table in `store/leases.rs` stays
+//! the one decisions read; the log is its write-ahead copy, read once at
+//! start ([`LeaseLog::load`]).
+//!
+//! The trait is the seam for replicas: [`redb::RedbLog`] keeps the records
+//! in an embedded database under `--state-dir`; a store in etcd for several
+//! replicas is another implementation of the same two calls. [`MemoryLog`]
+//! keeps nothing: stores built in tests, and the benchmark's in-memory
+//! baseline (`--lease-store memory`).
+//!
+//! Order: ops submitted one after the other are committed in that order.
+//! The store submits under the node's writer mutex, so the log's order is
+//! the table's, and a renewal can never land after the release it raced.
+
+pub mod redb;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use super::Target;
+
+/// One lease as the log keeps it. Times are wall-clock milliseconds since
+/// the Unix epoch: an `Instant` means nothing to the next process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub id: u64,
+    pub node: String,
+    /// The leased CPUs as a cpulist.
+    pub cpus: String,
+    pub policy: String,
+    pub holder: String,
+    /// The identity that took it (a SPIFFE ID, or "anonymous").
+    pub owner: String,
+    pub target: Option<Target>,
+    pub ttl_ms: u64,
+    pub expires_at_ms: u64,
+    pub granted_at_ms: u64,
+    /// The agent confirmed it applied the lease.
+    pub applied: bool,
+}
+
+/// One change of the log.
+#[derive(Debug, Clone)]
+pub enum LeaseOp {
+    /// A grant, a renewal or an adoption: the record, whole.
+    Put(LeaseRecord),
+    /// A release, an expiry or a conflict: the lease is gone.
+    Delete(u64),
+}
+
+/// Why the log could not load or commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogError(pub String);
+
+impl std::fmt::Display for LogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "lease store: {}", self.0)
+    }
+}
+
+impl std::error::Error for LogError {}
+
+/// A submitted batch of ops; [`Commit::wait`] resolves once they are
+/// durable (or failed).
+#[must_use = "a lease op is durable only once its commit is waited for"]
+pub struct Commit(Pending);
+
+enum Pending {
+    Done(Result<(), LogError>),
+    Waiting(oneshot::Receiver<Result<(), LogError>>),
+}
+
+impl Commit {
+    /// A commit that is already over.
+    pub fn done(r: Result<(), LogError>) -> Commit {
+        Commit(Pending::Done(r))
+    }
+
+    /// A commit the log answers on `rx`.
+    pub fn waiting(rx: oneshot::Receiver<Result<(), LogError>>) -> Commit {
+        Commit(Pending::Waiting(rx))
+    }
+
+    pub async fn wait(self) -> Result<(), LogError> {
+        match self.0 {
+            Pending::Done(r) => r,
+            Pending::Waiting(rx) => rx
+                .await
+                .unwrap_or_else(|_| Err(LogError("the committer stopped".into()))),
+        }
+    }
+
+    /// Lets the commit finish on its own: for ops no caller waits for
+    /// (expiry), whose failure the log itself reports.
+    pub fn detach(self) {}
+}
+
+/// Where leases are kept durably. Implementations must commit the ops of
+/// one [`LeaseLog::submit`] atomically, batches in submission order, and
+/// never block the caller of `submit`.
+pub trait LeaseLog: Send + Sync + 'static {
+    /// Every record kept, once at start.
+    fn load(&self) -> Result<Vec<LeaseRecord>, LogError>;
+    /// Queues `ops` for commit and returns at once.
+    fn submit(&self, ops: Vec<LeaseOp>) -> Commit;
+    /// What and where it is, for the start-up log line.
+    fn describe(&self) -> String;
+}
+
+/// A log that keeps nothing: leases live as long as the process.
+#[derive(Debug, Default)]
+pub struct MemoryLog;
+
+impl LeaseLog for MemoryLog {
+    fn load(&self) -> Result<Vec<LeaseRecord>, LogError> {
+        Ok(Vec::new())
+    }
+
+    fn submit(&self, _ops: Vec<LeaseOp>) -> Commit {
+        Commit::done(Ok(()))
+    }
+
+    fn describe(&self) -> String {
+        "memory (leases do not survive a restart)".into()
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,475 @@
+//! Durable leases through the service on stores with synthetic nodes and a
+//! real lease store (redb in a temporary directory): a grant outlives the
+//! store that made it, expired leases end at load, only the owner (or an
+//! admin) renews or releases, ids are random, and the leases an agent
+//! reports at registration are reconciled case by case (kept, adopted,
+//! the later of two conflicting ones released, expired, foreign and
+//! impossible ones released).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fairplace::engine::state::CpuState;
+use fairplace::engine::topology::{CpuTopo, TopologySpec};
+use fairplace::service::allocate::LeaseHub;
+use fairplace::service::heavy::HeavyPool;
+use fairplace::service::identity::{Caller, Identity, Role};
+use fairplace::service::placement::Placement;
+use fairplace::store::durable::redb::RedbLog;
+use fairplace::store::durable::unix_ms_now;
+use fairplace::store::{LeaseRecord, Store, StoreConfig, Update};
+use fairplace_proto::v1 as pb;
+use fairplace_proto::v1::placement_service_server::PlacementService;
+use tonic::{Code, Request};
+
+/// Two LLCs of two SMT2 cores: CPUs 0-7, core k = {2k, 2k+1}.
+fn spec() -> TopologySpec {
+    TopologySpec {
+        cpus: (0..8)
+            .map(|i| CpuTopo {
+                core: i / 2,
+                cluster: None,
+                llc: i / 4,
+                node: 0,
+                capacity: 1024,
+            })
+            .collect(),
+        numa_distance: None,
+    }
+}
+
+struct Dir(PathBuf);
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("fp-lease-rec-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        Dir(d)
+    }
+}
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A placement service over a store whose leases live in `dir`, loaded.
+fn open(dir: &Dir) -> Placement {
+    let log = Arc::new(RedbLog::open(&dir.0).unwrap());
+    let store = Arc::new(Store::with_log(
+        StoreConfig {
+            stale_after: Duration::from_secs(3600),
+            ..StoreConfig::default()
+        },
+        log,
+    ));
+    store.load_leases(Instant::now()).unwrap();
+    Placement {
+        store,
+        heavy: HeavyPool::new(1, 4),
+        hub: Arc::new(LeaseHub::default()),
+    }
+}
+
+fn register(p: &Placement, id: &str) {
+    let (node, g) = p.store.register(id, vec![], "t".into(), spec()).unwrap();
+    let u = Update {
+        seq: 1,
+        full: true,
+        cpus: (0..8).map(|i| (i, CpuState::idle(1024))).collect(),
+        ..Update::default()
+    };
+    p.store.apply(&node, g, &u, Instant::now()).unwrap();
+}
+
+fn who(role: Role, name: &str) -> Caller {
+    Caller::Authenticated(Arc::new(Identity {
+        role,
+        name: name.into(),
+        id: format!("spiffe://fairplace/{}/{name}", role.as_str()),
+    }))
+}
+
+fn as_caller<T>(msg: T, c: &Caller) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.extensions_mut().insert(c.clone());
+    r
+}
+
+async fn alloc(p: &Placement, c: &Caller, count: u32, ttl_ms: u32) -> pb::AllocateCpusResponse {
+    p.allocate_cpus(as_caller(
+        pb::AllocateCpusRequest {
+            node_id: "a".into(),
+            count,
+            holder: format!("job-{count}"),
+            ttl_ms,
+            ..Default::default()
+        },
+        c,
+    ))
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+fn mask(list: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for part in list.split(',').filter(|s| !s.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => v.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
+            None => v.push(part.parse().unwrap()),
+        }
+    }
+    v
+}
+
+#[tokio::test]
+async fn a_grant_outlives_its_store_with_its_id_owner_holder_and_cpus() {
+    let dir = Dir::new("outlive");
+    let o = who(Role::Orchestrator, "o");
+    let (a, b) = {
+        let p = open(&dir);
+        register(&p, "a");
+        (
+            alloc(&p, &o, 2, 60_000).await,
+            alloc(&p, &o, 1, 60_000).await,
+        )
+    };
+    // A new store on the same directory: the leases are parked until the
+    // node registers, and their owner can renew them meanwhile.
+    let p = open(&dir);
+    assert_eq!(p.store.leases_outstanding(), (2, 3));
+    let renewed = p
+        .renew_lease(as_caller(
+            pb::RenewLeaseRequest {
+                lease_id: a.lease_id,
+                ttl_ms: 90_000,
+            },
+            &o,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(renewed.into_inner().ttl_ms, 90_000);
+    register(&p, "a");
+    let node = p.store.get("a").unwrap();
+    let mut got: Vec<(u64, String, String, String)> = p
+        .store
+        .leases_of(&node)
+        .iter()
+        .map(|l| (l.id, l.cpus.to_string(), l.holder.clone(), l.owner.clone()))
+        .collect();
+    got.sort();
+    let mut want = vec![
+        (
+            a.lease_id,
+            a.cpus.clone(),
+            "job-2".to_string(),
+            "spiffe://fairplace/orchestrator/o".to_string(),
+        ),
+        (
+            b.lease_id,
+            b.cpus.clone(),
+            "job-1".to_string(),
+            "spiffe://fairplace/orchestrator/o".to_string(),
+        ),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    // They count as busy again, and a new grant takes only the other CPUs.
+    let snap = node.snapshot();
+    for cpu in mask(&a.cpus).into_iter().chain(mask(&b.cpus)) {
+        assert_eq!(snap.state.cpus[cpu as usize].nr_running, 1, "CPU {cpu}");
+    }
+    let rest = alloc(&p, &o, 5, 60_000).await;
+    let mut all: Vec<u32> = [mask(&a.cpus), mask(&b.cpus), mask(&rest.cpus)].concat();
+    all.sort();
+    assert_eq!(all, (0..8).collect::<Vec<u32>>(), "every CPU leased once");
+    // The renewal was durable too: a third store sees 90 s.
+    drop(p);
+    let p = open(&dir);
+    register(&p, "a");
+    let node = p.store.get("a").unwrap();
+    let l = p
+        .store
+        .leases_of(&node)
+        .into_iter()
+        .find(|l| l.id == a.lease_id)
+        .unwrap();
+    assert_eq!(l.ttl, Duration::from_secs(90));
+    assert!(l.expires > Instant::now() + Duration::from_secs(80));
+}
+
+#[tokio::test]
+async fn leases_that_expired_while_the_server_was_down_end_at_load() {
+    let dir = Dir::new("expired");
+    let o = who(Role::Orchestrator, "o");
+    {
+        let p = open(&dir);
+        register(&p, "a");
+        alloc(&p, &o, 1, 50).await;
+        alloc(&p, &o, 1, 60_000).await;
+    }
+    std::thread::sleep(Duration::from_millis(120));
+    let log = RedbLog::open(&dir.0).unwrap();
+    let store = Store::with_log(StoreConfig::default(), Arc::new(log));
+    let loaded = store.load_leases(Instant::now()).unwrap();
+    assert_eq!((loaded.loaded, loaded.expired), (1, 1));
+    drop(store);
+    // Deleted from the log, not only skipped.
+    let log = RedbLog::open(&dir.0).unwrap();
+    let store = Store::with_log(StoreConfig::default(), Arc::new(log));
+    let loaded = store.load_leases(Instant::now()).unwrap();
+    assert_eq!((loaded.loaded, loaded.expired), (1, 0));
+}
+
+#[tokio::test]
+async fn only_the_owner_or_an_admin_renews_or_releases() {
+    let dir = Dir::new("owner");
+    let p = open(&dir);
+    register(&p, "a");
+    let o = who(Role::Orchestrator, "o");
+    let mallory = who(Role::Orchestrator, "mallory");
+    let admin = who(Role::Admin, "ops");
+    let l = alloc(&p, &o, 2, 60_000).await;
+    let e = p
+        .release_cpus(as_caller(
+            pb::ReleaseCpusRequest {
+                lease_id: l.lease_id,
+            },
+            &mallory,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    assert!(
+        e.message().contains("spiffe://fairplace/orchestrator/o"),
+        "{}",
+        e.message()
+    );
+    assert!(
+        e.message()
+            .contains("spiffe://fairplace/orchestrator/mallory"),
+        "{}",
+        e.message()
+    );
+    let e = p
+        .renew_lease(as_caller(
+            pb::RenewLeaseRequest {
+                lease_id: l.lease_id,
+                ttl_ms: 1,
+            },
+            &mallory,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    let node = p.store.get("a").unwrap();
+    let kept = p.store.leases_of(&node);
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        kept[0].ttl,
+        Duration::from_secs(60),
+        "the refused renewal changed nothing"
+    );
+    // The owner renews; an admin releases.
+    p.renew_lease(as_caller(
+        pb::RenewLeaseRequest {
+            lease_id: l.lease_id,
+            ttl_ms: 0,
+        },
+        &o,
+    ))
+    .await
+    .unwrap();
+    p.release_cpus(as_caller(
+        pb::ReleaseCpusRequest {
+            lease_id: l.lease_id,
+        },
+        &admin,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(p.store.leases_outstanding(), (0, 0));
+}
+
+#[tokio::test]
+async fn ids_are_random_and_a_guessed_id_is_not_found_and_changes_nothing() {
+    let dir = Dir::new("ids");
+    let p = open(&dir);
+    register(&p, "a");
+    let o = who(Role::Orchestrator, "o");
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        let l = alloc(&p, &o, 1, 60_000).await;
+        ids.push(l.lease_id);
+        p.release_cpus(as_caller(
+            pb::ReleaseCpusRequest {
+                lease_id: l.lease_id,
+            },
+            &o,
+        ))
+        .await
+        .unwrap();
+    }
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 200, "no id repeats");
+    // 64 random bits: none of 200 falls below 2^32 but with odds of 2^-24.
+    assert!(ids.iter().all(|&i| i > u32::MAX as u64), "{ids:?}");
+    let held = alloc(&p, &o, 2, 60_000).await;
+    for guess in [1, 2, held.lease_id + 1, held.lease_id - 1, ids[0]] {
+        let e = p
+            .release_cpus(as_caller(pb::ReleaseCpusRequest { lease_id: guess }, &o))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{guess}");
+        let e = p
+            .renew_lease(as_caller(
+                pb::RenewLeaseRequest {
+                    lease_id: guess,
+                    ttl_ms: 0,
+                },
+                &o,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{guess}");
+    }
+    assert_eq!(p.store.leases_outstanding(), (1, 2));
+}
+
+/// A lease as an agent's checkpoint reports it.
+fn held(id: u64, cpus: &str, granted_at_ms: u64, expires_at_ms: u64) -> LeaseRecord {
+    LeaseRecord {
+        id,
+        node: "a".into(),
+        cpus: cpus.into(),
+        policy: "kernel".into(),
+        holder: format!("held-{id}"),
+        owner: "spiffe://fairplace/orchestrator/o".into(),
+        target: None,
+        ttl_ms: 30_000,
+        expires_at_ms,
+        granted_at_ms,
+        applied: false,
+    }
+}
+
+#[tokio::test]
+async fn an_agents_lease_the_server_lost_is_adopted_durably_when_it_conflicts_with_nothing() {
+    let dir = Dir::new("adopt");
+    let now = unix_ms_now();
+    {
+        let p = open(&dir);
+        register(&p, "a");
+        let node = p.store.get("a").unwrap();
+        let r = p.store.reconcile_leases(
+            &node,
+            &[held(77_000_000_001, "3", now - 5_000, now + 60_000)],
+        );
+        assert_eq!((r.kept, r.adopted, r.conflicts), (0, 1, 0));
+        assert!(r.release_on_node.is_empty());
+        r.commit.unwrap().wait().await.unwrap();
+        assert_eq!(node.snapshot().state.cpus[3].nr_running, 1);
+        // Reported again (the agent restarted): kept.
+        let r = p.store.reconcile_leases(
+            &node,
+            &[held(77_000_000_001, "3", now - 5_000, now + 60_000)],
+        );
+        assert_eq!((r.kept, r.adopted), (1, 0));
+        // A new grant of all the free CPUs leaves CPU 3 out.
+        let rest = alloc(&p, &who(Role::Orchestrator, "o"), 7, 60_000).await;
+        assert!(!mask(&rest.cpus).contains(&3), "{}", rest.cpus);
+    }
+    // Adopted durably: the next store has it.
+    let p = open(&dir);
+    register(&p, "a");
+    let node = p.store.get("a").unwrap();
+    assert!(
+        p.store
+            .leases_of(&node)
+            .iter()
+            .any(|l| l.id == 77_000_000_001)
+    );
+}
+
+#[tokio::test]
+async fn of_two_conflicting_leases_the_later_one_is_released() {
+    let dir = Dir::new("conflict");
+    let p = open(&dir);
+    register(&p, "a");
+    let o = who(Role::Orchestrator, "o");
+    let server = alloc(&p, &o, 2, 60_000).await;
+    let node = p.store.get("a").unwrap();
+    let granted = p.store.leases_of(&node)[0].granted_at_ms;
+    let cpu = mask(&server.cpus)[0].to_string();
+    // The agent's lease on the same CPU was granted after the server's.
+    let later = held(88_000_000_001, &cpu, granted + 1_000, granted + 60_000);
+    let r = p.store.reconcile_leases(&node, &[later]);
+    assert_eq!((r.adopted, r.conflicts), (0, 1));
+    assert_eq!(r.release_on_node, vec![88_000_000_001]);
+    assert_eq!(p.store.leases_of(&node).len(), 1);
+    // The agent's lease was granted before: the server's is the later one.
+    let earlier = held(88_000_000_002, &cpu, granted - 1_000, granted + 60_000);
+    let r = p.store.reconcile_leases(&node, &[earlier]);
+    assert_eq!((r.adopted, r.conflicts), (1, 1));
+    assert_eq!(r.release_on_node, vec![server.lease_id]);
+    assert_eq!(r.ended.len(), 1);
+    r.commit.unwrap().wait().await.unwrap();
+    let ids: Vec<u64> = p.store.leases_of(&node).iter().map(|l| l.id).collect();
+    assert_eq!(ids, vec![88_000_000_002]);
+    let e = p
+        .release_cpus(as_caller(
+            pb::ReleaseCpusRequest {
+                lease_id: server.lease_id,
+            },
+            &o,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn expired_foreign_and_impossible_reports_are_released_on_the_node() {
+    let dir = Dir::new("refuse");
+    let p = open(&dir);
+    register(&p, "a");
+    register(&p, "b");
+    let now = unix_ms_now();
+    let o = who(Role::Orchestrator, "o");
+    // A lease of node b.
+    let on_b = p
+        .allocate_cpus(as_caller(
+            pb::AllocateCpusRequest {
+                node_id: "b".into(),
+                count: 1,
+                ..Default::default()
+            },
+            &o,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let node = p.store.get("a").unwrap();
+    let r = p.store.reconcile_leases(
+        &node,
+        &[
+            held(1_000_000_001, "0", now - 90_000, now - 1),
+            held(on_b.lease_id, "1", now - 1_000, now + 60_000),
+            held(1_000_000_003, "99", now - 1_000, now + 60_000),
+            held(1_000_000_004, "", now - 1_000, now + 60_000),
+        ],
+    );
+    assert_eq!((r.adopted, r.expired, r.conflicts), (0, 1, 3));
+    let mut dropped = r.release_on_node.clone();
+    dropped.sort();
+    let mut want = vec![1_000_000_001, on_b.lease_id, 1_000_000_003, 1_000_000_004];
+    want.sort();
+    assert_eq!(dropped, want);
+    assert!(p.store.leases_of(&node).is_empty());
+    // Node b's lease is untouched.
+    let b = p.store.get("b").unwrap();
+    assert_eq!(p.store.leases_of(&b).len(), 1);
+}
