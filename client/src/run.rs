@@ -8,6 +8,12 @@
 //! runs, releases it when the command exits, and exits with the command's
 //! status (128 + N for a signal N, as shells report it).
 //!
+//! The command keeps running whatever the server does: a renewal the
+//! server cannot answer (restarting, unreachable) is retried with backoff
+//! until the lease would have expired, and then the command goes on
+//! without one; a renewal refused (NOT_FOUND, PERMISSION_DENIED) ends the
+//! renewals. The release at the end is retried for a while too.
+//!
 //! When the server does not answer within the timeout (or cannot be
 //! reached), the command still runs: on a local choice, the least busy
 //! CPUs of this machine by its runqueues right now, with a warning that no
@@ -17,6 +23,7 @@ use std::ffi::{CString, OsString};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use crate::agent::apply;
@@ -216,11 +223,10 @@ pub async fn run_on(client: Option<&Client>, o: &RunOptions, cpus: &Cpus) -> Res
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("{}: {e}", PathBuf::from(program).display()))?;
-    let status = supervise(client, cpus, &mut child).await?;
-    if let (Some(c), Cpus::Lease { id, .. }) = (client, cpus)
-        && let Err(s) = c.release_cpus(*id).await
-    {
-        eprintln!("fairplace run: releasing lease {id}: {}", s.message());
+    let name = PathBuf::from(program).display().to_string();
+    let (status, left) = supervise(client, cpus, &mut child, &name).await?;
+    if let (Some(c), Some((id, expired))) = (client, left) {
+        release(c, id, expired).await;
     }
     use std::os::unix::process::ExitStatusExt;
     Ok(status
@@ -249,28 +255,154 @@ fn join_cgroup(procs: &CString) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The first wait after a failed renewal or release; it doubles up to
+/// [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+/// How long a release after the command is retried.
+const RELEASE_BUDGET: Duration = Duration::from_secs(10);
+
+/// A renewal or release failure a later attempt may not have: the server
+/// is restarting, unreachable or overloaded. Anything else (NOT_FOUND,
+/// PERMISSION_DENIED, a bad request) will not change.
+fn transient(s: &Status) -> bool {
+    !matches!(
+        s.code(),
+        Code::NotFound
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::InvalidArgument
+            | Code::Unimplemented
+    )
+}
+
+/// The lease `fairplace run` keeps alive, and when to renew it next. The
+/// command runs whatever the server does: a renewal the server cannot
+/// answer is retried (backing off) until the lease would have expired,
+/// then the command goes on without a lease.
+#[derive(Debug)]
+struct Keeper {
+    id: u64,
+    ttl: Duration,
+    /// The last successful grant or renewal plus the TTL.
+    expires: Instant,
+    next: Instant,
+    backoff: Duration,
+    /// Failed renewals since the last success.
+    failures: u32,
+    /// No more renewals: the lease expired or the server refused it.
+    done: bool,
+    /// The server refused a renewal: the lease is not its to release.
+    refused: bool,
+}
+
+impl Keeper {
+    fn new(id: u64, ttl_ms: u32, now: Instant) -> Keeper {
+        let ttl = Duration::from_millis(ttl_ms as u64);
+        Keeper {
+            id,
+            ttl,
+            expires: now + ttl,
+            next: now + Self::period(ttl),
+            backoff: RETRY_MIN,
+            failures: 0,
+            done: false,
+            refused: false,
+        }
+    }
+
+    /// Renewals come every third of the lifetime.
+    fn period(ttl: Duration) -> Duration {
+        (ttl / 3).max(Duration::from_millis(100))
+    }
+
+    /// Takes a renewal's answer at `now`; returns the line to print, if any.
+    fn after(
+        &mut self,
+        r: Result<pb::RenewLeaseResponse, Status>,
+        now: Instant,
+        cmd: &str,
+    ) -> Option<String> {
+        let id = self.id;
+        match r {
+            Ok(resp) => {
+                if resp.ttl_ms > 0 {
+                    self.ttl = Duration::from_millis(resp.ttl_ms as u64);
+                }
+                self.expires = now + self.ttl;
+                self.next = now + Self::period(self.ttl);
+                self.backoff = RETRY_MIN;
+                let was = std::mem::take(&mut self.failures);
+                (was > 0).then(|| format!("fairplace run: lease {id} renewed again"))
+            }
+            Err(s) if !transient(&s) => {
+                self.done = true;
+                self.refused = true;
+                Some(format!(
+                    "fairplace run: renewing lease {id}: {:?}: {}; no longer renewing it, {cmd} keeps running",
+                    s.code(),
+                    s.message()
+                ))
+            }
+            Err(_) if now >= self.expires => {
+                self.done = true;
+                Some(format!(
+                    "fairplace run: warning: lease {id} expired while the server was unreachable; \
+                     {cmd} keeps running without a lease"
+                ))
+            }
+            Err(s) => {
+                self.failures += 1;
+                self.next = (now + self.backoff).min(self.expires);
+                self.backoff = (self.backoff * 2).min(RETRY_MAX);
+                (self.failures == 1).then(|| {
+                    format!(
+                        "fairplace run: renewing lease {id}: {:?}: {}; retrying until it expires in {} ms",
+                        s.code(),
+                        s.message(),
+                        self.expires.saturating_duration_since(now).as_millis()
+                    )
+                })
+            }
+        }
+    }
+}
+
 /// Waits for the child, renewing the lease every third of its lifetime
-/// and passing SIGTERM on to the child.
+/// (riding through a server restart, [`Keeper`]) and passing SIGTERM on
+/// to the child. Returns its status, and the lease still to release (and
+/// whether it expired meanwhile).
 async fn supervise(
     client: Option<&Client>,
     cpus: &Cpus,
     child: &mut tokio::process::Child,
-) -> Result<std::process::ExitStatus, String> {
-    let (lease, ttl_ms) = match cpus {
-        Cpus::Lease { id, ttl_ms, .. } => (Some(*id), *ttl_ms),
-        Cpus::Local { .. } => (None, 0),
+    cmd: &str,
+) -> Result<(std::process::ExitStatus, Option<(u64, bool)>), String> {
+    let mut keeper = match (client, cpus) {
+        (Some(_), Cpus::Lease { id, ttl_ms, .. }) => {
+            Some(Keeper::new(*id, *ttl_ms, Instant::now()))
+        }
+        _ => None,
     };
-    let every = Duration::from_millis((ttl_ms as u64 / 3).max(100));
-    let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("SIGTERM handler: {e}"))?;
+    let renewing = |k: &Option<Keeper>| k.as_ref().is_some_and(|k| !k.done);
     loop {
         tokio::select! {
-            st = child.wait() => return st.map_err(|e| format!("waiting for the command: {e}")),
-            _ = renew.tick(), if lease.is_some() && client.is_some() => {
-                let (Some(c), Some(id)) = (client, lease) else { continue };
-                if let Err(s) = c.renew_lease(id, 0).await {
-                    eprintln!("fairplace run: renewing lease {id}: {:?}: {}", s.code(), s.message());
+            st = child.wait() => {
+                let st = st.map_err(|e| format!("waiting for the command: {e}"))?;
+                // A lease the server refused is not released; one that
+                // expired while it was unreachable may be known again.
+                let left = keeper.filter(|k| !k.refused).map(|k| (k.id, k.done));
+                return Ok((st, left));
+            }
+            // The renewal races the child: a command that exits does not
+            // wait for a server that does not answer.
+            r = renew_when_due(client, keeper.as_ref()), if renewing(&keeper) => {
+                if let Some(k) = keeper.as_mut()
+                    && let Some(line) = k.after(r, Instant::now(), cmd)
+                {
+                    eprintln!("{line}");
                 }
             }
             _ = term.recv() => {
@@ -280,6 +412,48 @@ async fn supervise(
                 }
             }
         }
+    }
+}
+
+/// Sleeps until the keeper's next renewal, then renews.
+async fn renew_when_due(
+    client: Option<&Client>,
+    k: Option<&Keeper>,
+) -> Result<pb::RenewLeaseResponse, Status> {
+    let (Some(c), Some(k)) = (client, k) else {
+        return std::future::pending().await;
+    };
+    tokio::time::sleep_until(k.next).await;
+    c.renew_lease(k.id, 0).await
+}
+
+/// Releases the lease, retrying a server that cannot answer (backing off)
+/// for at most [`RELEASE_BUDGET`]. A lease that `expired` may be gone:
+/// NOT_FOUND is then no news.
+async fn release(c: &Client, id: u64, expired: bool) {
+    let give_up = Instant::now() + RELEASE_BUDGET;
+    let mut backoff = RETRY_MIN;
+    loop {
+        let r = tokio::time::timeout_at(give_up, c.release_cpus(id)).await;
+        let s = match r {
+            Ok(Ok(_)) => return,
+            Ok(Err(s)) => s,
+            Err(_) => Status::deadline_exceeded("no answer"),
+        };
+        if expired && s.code() == Code::NotFound {
+            return;
+        }
+        let again = matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded);
+        if !again || Instant::now() + backoff >= give_up {
+            eprintln!(
+                "fairplace run: releasing lease {id}: {:?}: {}",
+                s.code(),
+                s.message()
+            );
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(RETRY_MAX);
     }
 }
 
@@ -347,4 +521,71 @@ pub fn count_fallback(dir: &std::path::Path) -> std::io::Result<u64> {
     f.sync_all()?;
     std::fs::rename(&tmp, &path)?;
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn down() -> Result<pb::RenewLeaseResponse, Status> {
+        Err(Status::unavailable("connection refused"))
+    }
+
+    #[test]
+    fn renewals_back_off_while_the_server_is_down_and_stop_at_expiry() {
+        let t0 = Instant::now();
+        let mut k = Keeper::new(7, 30_000, t0);
+        assert_eq!(k.next, t0 + Duration::from_secs(10));
+        let t1 = t0 + Duration::from_secs(10);
+        let line = k.after(down(), t1, "sleep").unwrap();
+        assert!(
+            line.contains("retrying until it expires in 20000 ms"),
+            "{line}"
+        );
+        assert_eq!(k.next, t1 + RETRY_MIN);
+        // Later failures back off (doubling, capped) and print nothing.
+        let mut now = k.next;
+        let mut waits = Vec::new();
+        while !k.done {
+            assert_eq!(k.after(down(), now, "sleep").is_some(), now >= k.expires);
+            waits.push(k.next - now);
+            now = k.next;
+        }
+        assert_eq!(
+            waits[..5],
+            [400, 800, 1600, 2000, 2000].map(Duration::from_millis)
+        );
+        assert_eq!(
+            now,
+            t0 + Duration::from_secs(30),
+            "retried until the expiry"
+        );
+        assert!(!k.refused, "an expired lease is still released");
+    }
+
+    #[test]
+    fn a_renewal_after_an_outage_resets_the_expiry_and_a_refusal_is_final() {
+        let t0 = Instant::now();
+        let mut k = Keeper::new(7, 3000, t0);
+        k.after(down(), t0 + Duration::from_secs(1), "x");
+        let t2 = t0 + Duration::from_secs(2);
+        let line = k.after(Ok(pb::RenewLeaseResponse { ttl_ms: 6000 }), t2, "x");
+        assert_eq!(
+            line.as_deref(),
+            Some("fairplace run: lease 7 renewed again")
+        );
+        assert_eq!(
+            (k.expires, k.next, k.backoff),
+            (
+                t2 + Duration::from_secs(6),
+                t2 + Duration::from_secs(2),
+                RETRY_MIN
+            )
+        );
+        let line = k
+            .after(Err(Status::not_found("no lease 7")), t2, "x")
+            .unwrap();
+        assert!(line.contains("NotFound: no lease 7"), "{line}");
+        assert!(k.done && k.refused);
+    }
 }

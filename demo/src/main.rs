@@ -55,6 +55,17 @@ struct Server {
     metrics: SocketAddr,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), Box<dyn std::error::Error + Send + Sync>>>,
+    /// The demo's lease store: a fresh directory, gone with the demo.
+    state: StateDir,
+}
+
+/// A temporary `--state-dir`, removed on drop.
+struct StateDir(std::path::PathBuf);
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Binds the usual ports, or any free one when something else holds them,
@@ -73,19 +84,23 @@ async fn start_server(grpc_port: u16, metrics_port: u16) -> Result<Server, Strin
     let metrics = probe.local_addr().map_err(|e| e.to_string())?;
     drop(probe);
     fairplace::service::install_metrics(metrics)?;
+    let state =
+        StateDir(std::env::temp_dir().join(format!("fairplace-demo-state-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&state.0);
+    let cfg = fairplace::service::ServeConfig {
+        leases: fairplace::service::LeaseStorage::Dir(state.0.clone()),
+        ..Default::default()
+    };
     let (stop, mut stop_rx) = watch::channel(false);
-    let task = tokio::spawn(fairplace::service::serve(
-        fairplace::service::ServeConfig::default(),
-        grpc,
-        async move {
-            let _ = stop_rx.changed().await;
-        },
-    ));
+    let task = tokio::spawn(fairplace::service::serve(cfg, grpc, async move {
+        let _ = stop_rx.changed().await;
+    }));
     Ok(Server {
         grpc: grpc_addr,
         metrics,
         stop,
         task,
+        state,
     })
 }
 
@@ -110,6 +125,8 @@ fn stream_config(server: SocketAddr, node_id: &str, zone: &str) -> StreamConfig 
         backoff_max: Duration::from_secs(2),
         max_message_bytes: 4 << 20,
         tls: Default::default(),
+        // In memory only (no state file), the default apply roots.
+        leases: Default::default(),
     }
 }
 
@@ -406,5 +423,6 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
     }
     server.stop.send(true).ok();
     let _ = server.task.await;
+    drop(server.state);
     Ok(())
 }

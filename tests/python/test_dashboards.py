@@ -46,7 +46,7 @@ def stack(stubs):
         [os.path.join(BIN, "fairplace-agent"), "--server", grpc_addr, "--node-id", "dash",
          "--simulate", str(SIM_NODES), "--simulate-cpus", "16", "--interval-ms", "200",
          "--simulate-tasks", "--simulate-llc-cpus", "8", "--label", "zone=z1", "--label", "rack=r1",
-         "--metrics-addr", agent_metrics],
+         "--metrics-addr", agent_metrics, "--state-dir", tempfile.mkdtemp(prefix="fairplace-py-agent-")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tmp = tempfile.mkdtemp(prefix="fairplace-prom-")
     with open(os.path.join(DEPLOY, "prometheus", "prometheus.test.yml.tmpl")) as f:

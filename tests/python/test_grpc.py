@@ -9,6 +9,7 @@ FAIRPLACE_BIN_DIR overrides where the binaries are (default target/debug).
 import json
 import os
 import subprocess
+import tempfile
 import time
 
 import grpc
@@ -26,7 +27,7 @@ def server(pki):
     srv, grpc_addr, _ = start_server(*pki.server_args(), "--health-addr", "127.0.0.1:0", words_out=SERVER)
     agent = subprocess.Popen(
         [os.path.join(BIN, "fairplace-agent"), "--server", grpc_addr, "--node-id", "py", "--interval-ms", "200",
-         *pki.tls_args("node", "py")],
+         "--state-dir", tempfile.mkdtemp(prefix="fairplace-py-agent-"), *pki.tls_args("node", "py")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield grpc_addr
     agent.terminate()

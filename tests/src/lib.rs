@@ -517,3 +517,91 @@ pub fn tasks_update(seq: u64, ncpus: u32, busy: &[(u32, u32)]) -> pb::Update {
         ..Default::default()
     }
 }
+
+/// A real v1 cpuset cgroup for a test, `/sys/fs/cgroup/cpuset/NAME`, with
+/// its parent's CPUs and memory nodes; its processes are moved back to the
+/// root cpuset and it is removed on drop. `None` (with the reason printed)
+/// where this machine cannot make one: the test then says SKIPPED.
+pub struct TestCgroup {
+    pub dir: PathBuf,
+}
+
+/// Where the v1 cpuset controller is mounted.
+pub const CPUSET_ROOT: &str = "/sys/fs/cgroup/cpuset";
+
+impl TestCgroup {
+    pub fn new(tag: &str) -> Option<TestCgroup> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let root = std::path::Path::new(CPUSET_ROOT);
+        let dir = root.join(format!("fairplace-e2e-{tag}-{}-{n}", std::process::id()));
+        let made = std::fs::create_dir(&dir).and_then(|()| {
+            for f in ["cpuset.mems", "cpuset.cpus"] {
+                let v = std::fs::read_to_string(root.join(f))?;
+                std::fs::write(dir.join(f), v.trim())?;
+            }
+            Ok(())
+        });
+        match made {
+            Ok(()) => Some(TestCgroup { dir }),
+            Err(e) => {
+                eprintln!("SKIPPED: no v1 cpuset cgroup can be made here ({}: {e})", dir.display());
+                let _ = std::fs::remove_dir(&dir);
+                None
+            }
+        }
+    }
+
+    pub fn path(&self) -> &str {
+        self.dir.to_str().expect("utf-8 cgroup path")
+    }
+
+    /// Moves process `pid` (all its threads) into the cgroup.
+    pub fn add(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).expect("join the cgroup");
+    }
+
+    /// A `sleep` started inside the cgroup.
+    pub fn sleeper(&self, secs: u32) -> Child {
+        let c = Command::new("sleep").arg(secs.to_string()).spawn().expect("sleep");
+        self.add(c.id());
+        c
+    }
+
+    /// The cgroup's cpuset.cpus as the kernel shows it.
+    pub fn cpus(&self) -> String {
+        std::fs::read_to_string(self.dir.join("cpuset.cpus"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for p in procs.lines() {
+            let _ = std::fs::write(std::path::Path::new(CPUSET_ROOT).join("cgroup.procs"), p);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The CPUs process `pid` may run on, from `/proc/PID/status`.
+pub fn cpus_allowed(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// A free loopback port (bound, then closed), for a server that must come
+/// back on the same address.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}

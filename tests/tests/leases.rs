@@ -13,11 +13,22 @@ use fairplace_client::Client;
 use fairplace_e2e::{Agent, Server, bin, cli, pb};
 
 const NODE: &str = "lease-e2e";
+/// The agent may apply leases anywhere on the cgroup file system (pid 1,
+/// kernel threads and itself excepted): these tests are about applying;
+/// `durable_leases.rs` tests the roots.
+const AGENT_ARGS: &[&str] = &[
+    "--node-id",
+    NODE,
+    "--interval-ms",
+    "100",
+    "--apply-cgroup-root",
+    "/sys/fs/cgroup",
+];
 
 /// A server and an agent reading this machine as `NODE`, reported.
 async fn setup() -> (Server, Agent, Client) {
     let server = Server::start(&[]);
-    let agent = Agent::start(&server.grpc, &["--node-id", NODE, "--interval-ms", "100"]);
+    let agent = Agent::start(&server.grpc, AGENT_ARGS);
     let c = Client::connect(&server.grpc).await.unwrap();
     for _ in 0..200 {
         if let Ok(n) = c.get_node(NODE).await
@@ -161,7 +172,7 @@ async fn the_agent_applies_a_lease_to_a_real_cpuset_cgroup() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_applies_the_live_leases_again() {
     let server = Server::start(&[]);
-    let mut agent = Agent::start(&server.grpc, &["--node-id", NODE, "--interval-ms", "100"]);
+    let mut agent = Agent::start(&server.grpc, AGENT_ARGS);
     let c = Client::connect(&server.grpc).await.unwrap();
     wait_for_fresh(&c).await;
     let mut p = sleeper();
@@ -193,7 +204,7 @@ async fn a_restarted_agent_applies_the_live_leases_again() {
         return;
     }
     assert_eq!(cpus_allowed(pid), all);
-    let _agent = Agent::start(&server.grpc, &["--node-id", NODE, "--interval-ms", "100"]);
+    let _agent = Agent::start(&server.grpc, AGENT_ARGS);
     let mut seen = String::new();
     for _ in 0..200 {
         seen = cpus_allowed(pid);

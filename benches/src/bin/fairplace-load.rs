@@ -76,17 +76,19 @@ enum Cmd {
         #[arg(long, default_value = "plain", value_parser = ["plain", "mtls", "both"])]
         transport: String,
     },
-    /// AllocateCpus (with its ReleaseCpus) against PickCpu and the no-op
-    /// Ping, same server, same run.
+    /// AllocateCpus followed by its ReleaseCpus against the no-op Ping, on
+    /// a server whose leases live in memory and on one that commits them
+    /// to its lease store (--state-dir), same run, at each concurrency.
     Leases {
         #[arg(long, default_value_t = 8)]
         seconds: u64,
         #[arg(long, default_value_t = 8)]
         connections: usize,
-        #[arg(long, default_value_t = 64)]
-        concurrency: usize,
-        /// CPUs per lease.
-        #[arg(long, default_value_t = 4)]
+        /// Concurrent callers, one measurement each (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
+        concurrency: Vec<usize>,
+        /// CPUs per lease (the node has 128: count x callers must fit).
+        #[arg(long, default_value_t = 1)]
         count: u32,
         /// The allocation policy.
         #[arg(long, default_value = "kernel")]
@@ -166,6 +168,8 @@ struct Server {
     /// Mutual TLS: the PKI's directory and the orchestrator's and node's
     /// client settings.
     tls: Option<(std::path::PathBuf, TlsOptions, TlsOptions)>,
+    /// Its own lease store directory, removed with it.
+    state: Option<std::path::PathBuf>,
 }
 
 impl Server {
@@ -237,6 +241,7 @@ impl Server {
             bin.exists(),
             "{bin:?} not found: cargo build --release -p fairplace-server first"
         );
+        let state = state_dir_unless_named(extra);
         let mut cmd = if cpus.is_empty() {
             Command::new(bin)
         } else {
@@ -260,6 +265,7 @@ impl Server {
             ])
             .args(["--worker-threads".to_string(), threads.to_string()])
             .args(extra)
+            .args(&state)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -285,6 +291,7 @@ impl Server {
             grpc,
             metrics,
             tls: None,
+            state: state.get(1).map(std::path::PathBuf::from),
         }
     }
 
@@ -304,6 +311,9 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some((dir, _, _)) = &self.tls {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        if let Some(dir) = &self.state {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
@@ -558,6 +568,25 @@ fn print_phase(phase: &str, all: &Histogram<u64>, errors: u64, secs: f64) -> f64
     rps
 }
 
+/// A fresh `--state-dir` for a server, unless `extra` chooses its lease
+/// store: load runs never share (or leave behind) a lease store.
+fn state_dir_unless_named(extra: &[String]) -> Vec<String> {
+    if extra
+        .iter()
+        .any(|a| a == "--lease-store" || a == "--state-dir")
+    {
+        return Vec::new();
+    }
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "fairplace-load-state-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    vec!["--state-dir".into(), dir.display().to_string()]
+}
+
 fn pct(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
@@ -618,7 +647,18 @@ async fn main() {
             concurrency,
             count,
             policy,
-        } => leases(&server, (seconds, connections, concurrency), count, policy).await,
+        } => {
+            drop(server);
+            leases(
+                &args.server_cpus,
+                args.server_threads,
+                (seconds, connections),
+                &concurrency,
+                count,
+                policy,
+            )
+            .await
+        }
         Cmd::Attack {
             seconds,
             deciders,
@@ -1253,75 +1293,80 @@ async fn cache(server: &Server, reports: u32) {
     );
 }
 
-/// Ping, PickCpu (a fork: the slow path, as AllocateCpus's placements) and
-/// AllocateCpus followed by its ReleaseCpus, on one 128-CPU node (half
-/// busy), same server, same run. The allocation phase records the
-/// AllocateCpus latency; each caller then releases its lease (outside the
-/// measured time) so the node never fills up.
+/// AllocateCpus followed by its ReleaseCpus (one measured operation: the
+/// lease's whole life, two commits on a durable server), against Ping, on
+/// one 128-CPU node (7 busy CPUs), for a server whose leases live in memory
+/// and then one that commits them to redb under a fresh --state-dir, at
+/// each concurrency; the ratios at the end are within this run.
 async fn leases(
-    server: &Server,
-    (seconds, connections, concurrency): (u64, usize, usize),
+    cpus: &str,
+    threads: usize,
+    (seconds, connections): (u64, usize),
+    concurrency: &[usize],
     count: u32,
     policy: String,
 ) {
-    let _reporter = load_node(server.node_channel().await).await;
-    let clients = clients(server, connections).await;
     println!(
-        "# fairplace-load leases: {connections} connections, {concurrency} callers, {seconds} s per phase, count {count}, policy {policy}"
+        "# fairplace-load leases: {connections} connections, {seconds} s per phase, count {count}, policy {policy}, callers {concurrency:?}"
     );
-    let mut results = Vec::new();
-    for phase in ["ping", "pick_cpu", "allocate_cpus"] {
-        let policy = policy.clone();
-        let released = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let rel = Arc::clone(&released);
-        let (all, errors, secs) = run_phase(&clients, concurrency, seconds, move |c, i| {
+    // (store, callers) -> (ping, allocate+release) per second.
+    let mut table = Vec::new();
+    for store in ["memory", "redb"] {
+        let extra: Vec<String> = match store {
+            "memory" => vec!["--lease-store".into(), "memory".into()],
+            _ => vec![],
+        };
+        let server = Server::start_with(cpus, threads, &extra);
+        let _reporter = load_node(server.node_channel().await).await;
+        let clients = clients(&server, connections).await;
+        for &callers in concurrency {
+            println!("## lease store {store}, {callers} callers");
+            let (all, errors, secs) = run_phase(&clients, callers, seconds, |c, _| async move {
+                c.ping().await.is_ok()
+            })
+            .await;
+            let ping = print_phase("ping", &all, errors, secs);
             let policy = policy.clone();
-            let rel = Arc::clone(&rel);
-            async move {
-                match phase {
-                    "ping" => c.ping().await.is_ok(),
-                    "pick_cpu" => c
-                        .pick_cpu(pb::PickCpuRequest {
-                            node_id: "load".into(),
-                            kind: pb::RequestKind::Fork as i32,
-                            this_cpu: (i % 128) as u32,
-                            ..Default::default()
-                        })
-                        .await
-                        .is_ok(),
-                    _ => {
-                        let r = c
-                            .allocate_cpus(pb::AllocateCpusRequest {
-                                node_id: "load".into(),
-                                count,
-                                policy,
-                                holder: "fairplace-load".into(),
-                                ..Default::default()
-                            })
-                            .await;
-                        let Ok(r) = r else { return false };
-                        // Released in the background: not in the latency.
-                        tokio::spawn(async move {
-                            if c.release_cpus(r.lease_id).await.is_ok() {
-                                rel.fetch_add(1, Ordering::Relaxed);
-                            }
-                        });
-                        true
-                    }
-                }
-            }
+            let (all, errors, secs) = run_phase(&clients, callers, seconds, move |c, _| {
+                let policy = policy.clone();
+                async move { allocate_release(&c, count, policy).await }
+            })
+            .await;
+            let life = print_phase("allocate+release", &all, errors, secs);
+            table.push((store, callers, ping, life));
+        }
+    }
+    println!("# same run: allocate+release per second, and as a share of ping");
+    for &callers in concurrency {
+        let row = |st: &str| {
+            table
+                .iter()
+                .find(|r| r.0 == st && r.1 == callers)
+                .map_or((0.0, 0.0), |r| (r.2, r.3))
+        };
+        let ((mping, mem), (dping, dur)) = (row("memory"), row("redb"));
+        println!(
+            "{callers} callers: memory {mem:.0}/s ({:.2} of ping), redb {dur:.0}/s ({:.2} of ping); redb / memory {:.2}",
+            mem / mping,
+            dur / dping,
+            dur / mem
+        );
+    }
+}
+
+/// One lease's life: AllocateCpus, then ReleaseCpus of what it granted.
+async fn allocate_release(c: &Client, count: u32, policy: String) -> bool {
+    let r = c
+        .allocate_cpus(pb::AllocateCpusRequest {
+            node_id: "load".into(),
+            count,
+            policy,
+            holder: "fairplace-load".into(),
+            ..Default::default()
         })
         .await;
-        let rps = print_phase(phase, &all, errors, secs);
-        if phase == "allocate_cpus" {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            println!("  released {} leases", released.load(Ordering::Relaxed));
-        }
-        results.push(rps);
+    match r {
+        Ok(r) => c.release_cpus(r.lease_id).await.is_ok(),
+        Err(_) => false,
     }
-    println!(
-        "allocate_cpus / ping throughput: {:.2}; allocate_cpus / pick_cpu: {:.2}",
-        results[2] / results[0],
-        results[2] / results[1]
-    );
 }

@@ -9,10 +9,15 @@
 //! Updates are cut to the server's limits before they are sent; a part the
 //! server refuses anyway is left out of the next update and cut further
 //! after that ([`limits`]), so a refusal never stops the reports.
+//!
+//! The stream also carries the node's leases: the agent applies those
+//! naming a target inside its apply roots ([`apply`]) and keeps them all,
+//! across reconnects and, with a state file, restarts ([`checkpoint`]).
 
 pub mod apply;
 #[cfg(feature = "bpf")]
 pub mod bpf;
+pub mod checkpoint;
 pub mod exact;
 pub mod limits;
 pub mod pelt;
@@ -524,6 +529,18 @@ pub struct StreamConfig {
     /// TLS towards the server (a node certificate for mutual TLS); read
     /// again at every reconnect.
     pub tls: crate::TlsOptions,
+    /// Where the node's leases are kept and what they may be applied to.
+    pub leases: LeaseSettings,
+}
+
+/// The agent's leases: its checkpoint file and its apply roots. The
+/// default keeps them in memory only (a restarted agent starts with none)
+/// and applies under the default roots ([`apply::default_roots`]).
+#[derive(Debug, Clone, Default)]
+pub struct LeaseSettings {
+    /// The checkpoint ([`checkpoint::state_file`]); `None`: in memory.
+    pub state_file: Option<PathBuf>,
+    pub roots: apply::Roots,
 }
 
 /// What a stream reports about itself, for logs, metrics and tests.
@@ -549,12 +566,23 @@ pub async fn stream<S: Source>(
     let mut jitter = seed_from(&cfg.node_id);
     // What the server refused stays cut across reconnects.
     let mut shed = limits::Shedding::new();
+    // Leases outlive a connection: the server may restart, they stay.
+    let mut applier = apply::Applier::new(&cfg.node_id, &cfg.leases);
     loop {
         if *stop.borrow() {
             return;
         }
         let connects = stats.borrow().connects;
-        match report::run_once(&cfg, &mut source, &mut seq, &mut shed, &mut stop, &stats).await {
+        match report::run_once(
+            &cfg,
+            &mut source,
+            &mut seq,
+            (&mut shed, &mut applier),
+            &mut stop,
+            &stats,
+        )
+        .await
+        {
             Ok(()) => return,
             Err(e) => {
                 metrics::counter!("fairplace_agent_reconnects_total").increment(1);
@@ -588,6 +616,130 @@ fn seed_from(s: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use pb::agent_service_server::{AgentService, AgentServiceServer};
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::ReceiverStream;
+    use tonic::{Request, Response, Status, Streaming};
+
+    /// A server that records each registration's held leases and the
+    /// outcomes it is sent; on the first connection it pushes a grant
+    /// without target and one that cannot be applied, then drops the
+    /// stream (a server restart, to the agent).
+    struct Fake {
+        seen: mpsc::UnboundedSender<pb::agent_message::Body>,
+        conns: std::sync::atomic::AtomicU32,
+    }
+
+    #[tonic::async_trait]
+    impl AgentService for Fake {
+        type ReportStream = ReceiverStream<Result<pb::Ack, Status>>;
+
+        async fn report(
+            &self,
+            req: Request<Streaming<pb::AgentMessage>>,
+        ) -> Result<Response<Self::ReportStream>, Status> {
+            let mut inbound = req.into_inner();
+            let first = inbound.message().await?.and_then(|m| m.body);
+            let _ = self
+                .seen
+                .send(first.ok_or(Status::invalid_argument("empty"))?);
+            let n = self.conns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (tx, rx) = mpsc::channel(8);
+            let _ = tx.send(Ok(pb::Ack::default())).await;
+            if n == 0 {
+                let grant = |id, target| pb::LeaseGrant {
+                    lease_id: id,
+                    cpus: "0".into(),
+                    target,
+                    owner: "anonymous".into(),
+                    expires_at_unix_ms: checkpoint::now_unix_ms() + 60_000,
+                    ..Default::default()
+                };
+                let missing = pb::ApplyTarget {
+                    target: Some(pb::apply_target::Target::Pid(u32::MAX - 1)),
+                };
+                let push = pb::Ack {
+                    grants: vec![grant(11, None), grant(12, Some(missing))],
+                    ..Default::default()
+                };
+                let _ = tx.send(Ok(push)).await;
+            }
+            let seen = self.seen.clone();
+            tokio::spawn(async move {
+                let until = tokio::time::Instant::now() + Duration::from_millis(300);
+                while let Ok(Ok(Some(m))) = tokio::time::timeout_at(until, inbound.message()).await
+                {
+                    if let Some(b @ pb::agent_message::Body::Applied(_)) = m.body {
+                        let _ = seen.send(b);
+                    }
+                }
+                // The first stream ends here; later ones stay open.
+                if n > 0 {
+                    std::future::pending::<()>().await;
+                }
+                drop(tx);
+            });
+            Ok(Response::new(ReceiverStream::new(rx)))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leases_outlive_a_reconnect_and_are_reported_at_registration() {
+        let (seen_tx, mut seen) = mpsc::unbounded_channel();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fake = Fake {
+            seen: seen_tx,
+            conns: Default::default(),
+        };
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(AgentServiceServer::new(fake))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let cfg = StreamConfig {
+            server: addr.to_string(),
+            node_id: "fake".into(),
+            labels: vec![],
+            interval: Duration::from_millis(50),
+            backoff_min: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(50),
+            max_message_bytes: 4 << 20,
+            tls: Default::default(),
+            leases: LeaseSettings::default(),
+        };
+        let (stop_tx, stop) = watch::channel(false);
+        let (stats, _) = watch::channel(StreamStats::default());
+        let task = tokio::spawn(stream(cfg, Simulated::new(4, 1), stop, stats));
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(10), seen.recv())
+                .await
+                .expect("the fake server hears from the agent")
+                .unwrap()
+        };
+        let held = |b| match b {
+            pb::agent_message::Body::Register(r) => {
+                r.held_leases.iter().map(|g| g.lease_id).collect::<Vec<_>>()
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(held(next().await), Vec::<u64>::new());
+        // Only the grant with a target is answered (and, failed, not kept).
+        match next().await {
+            pb::agent_message::Body::Applied(o) => {
+                assert_eq!(
+                    (o.lease_id, o.ok, o.reason.as_str()),
+                    (12, false, "not_found")
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // The reconnect's registration reports the lease recorded before.
+        assert_eq!(held(next().await), vec![11]);
+        stop_tx.send(true).unwrap();
+        task.await.unwrap();
+    }
 
     #[test]
     fn idle_cpus_carry_the_time_they_were_first_seen_idle() {

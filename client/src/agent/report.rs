@@ -1,7 +1,8 @@
 //! One connection of a node's Report stream, from connect to its end, in
 //! named steps: [`connect`], [`register`], then per tick [`cpu_changes`],
 //! [`task_parts`] and [`fit_to_server`] build an update, and [`on_ack`]
-//! handles what the server answers.
+//! handles what the server answers. The leases the server pushes go to
+//! the stream's [`apply::Applier`], which outlives the connection.
 //!
 //! Deltas carry only the CPUs whose signals moved: a CPU is resent when any
 //! count, flag, stamp or latency differs from what was last *sent* for it,
@@ -183,6 +184,7 @@ async fn register(
     client: &mut AgentServiceClient<Channel>,
     cfg: &StreamConfig,
     (topology, signal_source): (pb::Topology, pb::SignalSource),
+    held_leases: Vec<pb::LeaseGrant>,
     tx: &mpsc::Sender<pb::AgentMessage>,
     rx: mpsc::Receiver<pb::AgentMessage>,
 ) -> Result<(Acks, usize), String> {
@@ -194,6 +196,7 @@ async fn register(
             topology: Some(topology),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             signal_source: signal_source as i32,
+            held_leases,
             ..Default::default()
         })),
     })
@@ -281,17 +284,18 @@ pub(super) async fn run_once<S: Source>(
     cfg: &StreamConfig,
     source: &mut S,
     seq: &mut u64,
-    shed: &mut limits::Shedding,
+    (shed, applier): (&mut limits::Shedding, &mut apply::Applier),
     stop: &mut watch::Receiver<bool>,
     stats: &watch::Sender<StreamStats>,
 ) -> Result<(), String> {
     let mut client = connect(cfg).await?;
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
     let about = (source.topology(), source.signal_source());
-    let (mut acks, nr_cpus) = register(&mut client, cfg, about, &tx, rx).await?;
+    // The leases held are reported; the server answers with every live
+    // lease of the node (pushed), and releases the ones it refuses.
+    let held = applier.held_grants();
+    let (mut acks, nr_cpus) = register(&mut client, cfg, about, held, &tx, rx).await?;
     stats.send_modify(|s| s.connects += 1);
-    // Leases the server sends to apply here (it re-sends the live ones now).
-    let mut applier = apply::Applier::default();
     let mut sent = Sent {
         need_full: true,
         ..Default::default()

@@ -2,10 +2,13 @@
 //! to a fairplace server.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use fairplace_client::agent::{Simulated, Source, StreamConfig, StreamStats, signal, stream};
+use fairplace_client::agent::{
+    LeaseSettings, Simulated, Source, StreamConfig, StreamStats, apply, checkpoint, signal, stream,
+};
 use tokio::sync::watch;
 
 #[derive(Parser)]
@@ -87,6 +90,25 @@ struct Args {
     /// the agent reads, e.g. in a test VM).
     #[arg(long)]
     print_once: bool,
+    /// A cgroup directory under which leases may be applied (repeatable;
+    /// the environment variable takes a comma-separated list): an absolute
+    /// path on the cgroup file system, e.g. /sys/fs/cgroup/cpuset/fairplace
+    /// (v1 cpuset) or /sys/fs/cgroup/fairplace.slice (v2). A process is
+    /// pinned only when its cpuset or unified cgroup is inside one; init,
+    /// kernel threads and the agent never. Default: fairplace,
+    /// fairplace.slice, kubepods and kubepods.slice under /sys/fs/cgroup
+    /// and its cpuset/ and unified/ mounts.
+    #[arg(
+        long = "apply-cgroup-root",
+        env = "FAIRPLACE_APPLY_CGROUP_ROOT",
+        value_delimiter = ','
+    )]
+    apply_cgroup_roots: Vec<PathBuf>,
+    /// Where the agent keeps its leases (agent-<node id>.json), to report
+    /// them after a restart. Default: /var/lib/fairplace as root, else
+    /// $XDG_STATE_HOME/fairplace, else ~/.local/state/fairplace.
+    #[arg(long, env = "FAIRPLACE_STATE_DIR")]
+    state_dir: Option<PathBuf>,
 }
 
 fn hostname() -> String {
@@ -182,6 +204,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             metrics::Unit::Seconds,
             "Time to read /proc and /sys for one update."
         );
+        metrics::describe_counter!(
+            "fairplace_agent_leases_applied_total",
+            "Leases applied to a target, by outcome (ok, or the reason it failed)."
+        );
+        metrics::describe_gauge!(
+            "fairplace_agent_leases_held",
+            "Leases of the node the agent holds (applied or recorded)."
+        );
+        metrics::describe_counter!(
+            "fairplace_agent_checkpoint_errors_total",
+            "Lease checkpoint writes that failed, and checkpoints set aside as unreadable."
+        );
     }
     let mut labels = Vec::new();
     for l in &a.labels {
@@ -191,17 +225,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         labels.push((k.to_string(), v.to_string()));
     }
     let base = a.node_id.clone().unwrap_or_else(hostname);
+    let roots = if a.apply_cgroup_roots.is_empty() {
+        apply::Roots::default()
+    } else {
+        apply::Roots::new(a.apply_cgroup_roots.clone())?
+    };
+    let state_dir = Some(
+        a.state_dir
+            .clone()
+            .unwrap_or_else(fairplace_types::state_dir::default_state_dir),
+    );
+    if let Some(d) = &state_dir {
+        tracing::info!(dir = %d.display(), "lease checkpoints kept here");
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let cfg = |id: String| StreamConfig {
         server: a.server.clone(),
-        node_id: id,
+        node_id: id.clone(),
         labels: labels.clone(),
         interval: Duration::from_millis(a.interval_ms.max(1)),
         backoff_min: Duration::from_millis(100),
         backoff_max: Duration::from_secs(10),
         max_message_bytes: a.max_message_bytes,
         tls: a.tls.clone().into(),
+        leases: LeaseSettings {
+            state_file: state_dir.as_deref().map(|d| checkpoint::state_file(d, &id)),
+            roots: roots.clone(),
+        },
     };
     match a.simulate {
         Some(n) => {

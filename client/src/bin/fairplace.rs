@@ -366,7 +366,7 @@ fn lease_json(leases: &[pb::Lease]) -> serde_json::Value {
         .iter()
         .map(|l| {
             json!({"lease_id": l.lease_id, "cpus": l.cpus, "policy": l.policy, "holder": l.holder,
-            "expires_in_ms": l.expires_in_ms, "applied": l.applied})
+            "owner": l.owner, "expires_in_ms": l.expires_in_ms, "applied": l.applied})
         })
         .collect()
 }
@@ -384,12 +384,21 @@ fn lease_table(leases: &[pb::Lease]) -> String {
                 l.cpus.clone(),
                 l.policy.clone(),
                 l.holder.clone(),
+                l.owner.clone(),
                 l.expires_in_ms.to_string(),
                 l.applied.to_string(),
             ]
         })
         .collect();
-    let head = ["lease", "cpus", "policy", "holder", "expires_ms", "applied"];
+    let head = [
+        "lease",
+        "cpus",
+        "policy",
+        "holder",
+        "owner",
+        "expires_ms",
+        "applied",
+    ];
     format!("leases:\n{}", render(&head, &rows))
 }
 
