@@ -473,3 +473,35 @@ async fn expired_foreign_and_impossible_reports_are_released_on_the_node() {
     let b = p.store.get("b").unwrap();
     assert_eq!(p.store.leases_of(&b).len(), 1);
 }
+
+#[tokio::test]
+async fn a_reported_lease_with_fields_no_grant_carries_is_released_not_stored() {
+    let dir = Dir::new("unfit");
+    let p = open(&dir);
+    register(&p, "a");
+    let node = p.store.get("a").unwrap();
+    let now = unix_ms_now();
+    let grant = |id: u64, holder: usize, cgroup: &str| pb::LeaseGrant {
+        lease_id: id,
+        cpus: "1".into(),
+        holder: "h".repeat(holder),
+        owner: "spiffe://fairplace/orchestrator/o".into(),
+        policy: "kernel".into(),
+        ttl_ms: 30_000,
+        expires_at_unix_ms: now + 30_000,
+        granted_at_unix_ms: now - 1_000,
+        target: (!cgroup.is_empty()).then(|| pb::ApplyTarget {
+            target: Some(pb::apply_target::Target::Cgroup(cgroup.into())),
+        }),
+    };
+    let held = [
+        grant(5_000_000_001, 10_000, ""),
+        grant(5_000_000_002, 10, "a/../../etc"),
+        grant(5_000_000_003, 10, "fairplace/job"),
+    ];
+    let mut dropped = fairplace::service::allocate::reconcile(&p.store, &node, &held).await;
+    dropped.sort();
+    assert_eq!(dropped, vec![5_000_000_001, 5_000_000_002]);
+    let kept: Vec<u64> = p.store.leases_of(&node).iter().map(|l| l.id).collect();
+    assert_eq!(kept, vec![5_000_000_003], "the well-formed one is adopted");
+}

@@ -68,10 +68,8 @@ impl StateDir {
     pub fn new(what: &str) -> StateDir {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let d = std::env::temp_dir().join(format!(
-            "fairplace-test-{what}-{}-{n}",
-            std::process::id()
-        ));
+        let d =
+            std::env::temp_dir().join(format!("fairplace-test-{what}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).expect("state dir");
         StateDir(d)
@@ -213,8 +211,7 @@ impl Agent {
     /// An agent with a checkpoint of its own (a fresh temporary
     /// `--state-dir`) unless `args` names one.
     pub fn start(server: &str, args: &[&str]) -> Agent {
-        let state =
-            (!args.contains(&"--state-dir")).then(|| StateDir::new("agent"));
+        let state = (!args.contains(&"--state-dir")).then(|| StateDir::new("agent"));
         let mut cmd = Command::new(bin("fairplace-agent"));
         cmd.args(["--server", server]).args(args);
         if let Some(d) = &state {
@@ -545,7 +542,10 @@ impl TestCgroup {
         match made {
             Ok(()) => Some(TestCgroup { dir }),
             Err(e) => {
-                eprintln!("SKIPPED: no v1 cpuset cgroup can be made here ({}: {e})", dir.display());
+                eprintln!(
+                    "SKIPPED: no v1 cpuset cgroup can be made here ({}: {e})",
+                    dir.display()
+                );
                 let _ = std::fs::remove_dir(&dir);
                 None
             }
@@ -563,7 +563,10 @@ impl TestCgroup {
 
     /// A `sleep` started inside the cgroup.
     pub fn sleeper(&self, secs: u32) -> Child {
-        let c = Command::new("sleep").arg(secs.to_string()).spawn().expect("sleep");
+        let c = Command::new("sleep")
+            .arg(secs.to_string())
+            .spawn()
+            .expect("sleep");
         self.add(c.id());
         c
     }

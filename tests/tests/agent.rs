@@ -342,6 +342,16 @@ fn metrics_show_every_documented_series_after_some_traffic() {
             .await
             .unwrap();
         assert!(!b.proposals.is_empty(), "{b:?}");
+        // A lease's life: the lease store's commit series.
+        let l = c
+            .allocate_cpus(pb::AllocateCpusRequest {
+                node_id: "t".into(),
+                count: 1,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        c.release_cpus(l.lease_id).await.unwrap();
         tokio::time::sleep(Duration::from_millis(700)).await;
     });
     let text = http_get(&server.metrics);

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use fairplace_client::Client;
 use fairplace_e2e::tls::TestPki;
 use fairplace_e2e::{
-    Agent, Reporter, Server, StateDir, TestCgroup, bin, cli, cpus_allowed, free_port, http_get,
-    pb, send_signal, states, topology,
+    Agent, Reporter, Server, StateDir, TestCgroup, bin, cli, cpus_allowed, free_port, http_get, pb,
+    send_signal, states, topology,
 };
 use tonic::Code;
 
@@ -184,7 +184,11 @@ async fn no_leased_cpu_is_granted_again(c: &Client, leased: &BTreeSet<u32>) {
         match lease(c, "probe", None).await {
             Ok(r) => {
                 let got = cpu_list(&r.cpus);
-                assert!(got.is_disjoint(leased), "granted {} again (leased {leased:?})", r.cpus);
+                assert!(
+                    got.is_disjoint(leased),
+                    "granted {} again (leased {leased:?})",
+                    r.cpus
+                );
                 taken.push(r.lease_id);
             }
             Err(e) => {
@@ -217,7 +221,9 @@ fn run_child(addr: &str, secs: u32) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_survive_a_kill_9_of_the_server_and_fairplace_run_rides_through() {
-    let Some(root) = TestCgroup::new("kill9") else { return };
+    let Some(root) = TestCgroup::new("kill9") else {
+        return;
+    };
     let (mut rig, c) = Rig::start(&root).await;
     let mut sleeper = root.sleeper(120);
     let pid = sleeper.id();
@@ -225,9 +231,11 @@ async fn leases_survive_a_kill_9_of_the_server_and_fairplace_run_rides_through()
     assert!(pinned.applied);
     assert_eq!(cpus_allowed(pid), pinned.cpus);
     let run = run_child(&rig.addr, 6);
-    wait_until(Duration::from_secs(10), "both leases are listed", || async {
-        leases(&c).await.len() == 2
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "both leases are listed",
+        || async { leases(&c).await.len() == 2 },
+    )
     .await;
     let before = leases(&c).await;
     let leased: BTreeSet<u32> = before.iter().flat_map(|l| cpu_list(&l.3)).collect();
@@ -235,13 +243,25 @@ async fn leases_survive_a_kill_9_of_the_server_and_fairplace_run_rides_through()
     rig.kill_server();
     // Down for a while: the run's renewals fail and are retried.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(cpus_allowed(pid), pinned.cpus, "nothing on the node changed");
+    assert_eq!(
+        cpus_allowed(pid),
+        pinned.cpus,
+        "nothing on the node changed"
+    );
     rig.restart_server();
     let c = rig.client().await;
     wait_fresh(&c).await;
-    assert_eq!(leases(&c).await, before, "the same ids, holders, owners and CPUs");
+    assert_eq!(
+        leases(&c).await,
+        before,
+        "the same ids, holders, owners and CPUs"
+    );
     no_leased_cpu_is_granted_again(&c, &leased).await;
-    assert_eq!(cpus_allowed(pid), pinned.cpus, "the process's affinity never changed");
+    assert_eq!(
+        cpus_allowed(pid),
+        pinned.cpus,
+        "the process's affinity never changed"
+    );
 
     let out = run.wait_with_output().unwrap();
     let (stdout, stderr) = (
@@ -257,9 +277,11 @@ async fn leases_survive_a_kill_9_of_the_server_and_fairplace_run_rides_through()
     assert_eq!(printed.len(), 2, "{stdout}");
     assert_eq!(printed[0], printed[1], "the command's CPUs never changed");
     assert!(!stderr.contains("expired"), "{stderr}");
-    wait_until(Duration::from_secs(10), "the run's lease is released", || async {
-        leases(&c).await.len() == 1
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "the run's lease is released",
+        || async { leases(&c).await.len() == 1 },
+    )
     .await;
     assert_eq!(leases(&c).await[0].0, pinned.lease_id);
     let _ = sleeper.kill();
@@ -268,7 +290,9 @@ async fn leases_survive_a_kill_9_of_the_server_and_fairplace_run_rides_through()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_state_directory_lost_the_leases_come_back_from_the_agent() {
-    let Some(root) = TestCgroup::new("lost") else { return };
+    let Some(root) = TestCgroup::new("lost") else {
+        return;
+    };
     // A cgroup for the lease to write, under the agent's root.
     let job = root.dir.join("job");
     std::fs::create_dir(&job).unwrap();
@@ -276,7 +300,11 @@ async fn with_the_state_directory_lost_the_leases_come_back_from_the_agent() {
         let v = std::fs::read_to_string(root.dir.join(f)).unwrap();
         std::fs::write(job.join(f), v.trim()).unwrap();
     }
-    let job_rel = job.strip_prefix(fairplace_e2e::CPUSET_ROOT).unwrap().display().to_string();
+    let job_rel = job
+        .strip_prefix(fairplace_e2e::CPUSET_ROOT)
+        .unwrap()
+        .display()
+        .to_string();
     let (mut rig, c) = Rig::start(&root).await;
     let mut sleeper = root.sleeper(120);
     let pid = sleeper.id();
@@ -292,19 +320,32 @@ async fn with_the_state_directory_lost_the_leases_come_back_from_the_agent() {
     std::fs::remove_dir_all(&rig.server_state.0).unwrap();
     rig.restart_server();
     let c = rig.client().await;
-    wait_until(Duration::from_secs(15), "the agent's leases are adopted", || async {
-        leases(&c).await.len() == 2
-    })
+    wait_until(
+        Duration::from_secs(15),
+        "the agent's leases are adopted",
+        || async { leases(&c).await.len() == 2 },
+    )
     .await;
     wait_fresh(&c).await;
-    assert_eq!(leases(&c).await, before, "ids, holders, owners and CPUs from the node");
+    assert_eq!(
+        leases(&c).await,
+        before,
+        "ids, holders, owners and CPUs from the node"
+    );
     let metrics = http_get(&rig.server.metrics);
     assert!(
         metrics.contains("fairplace_leases_recovered_total{how=\"adopted\"} 2"),
         "{}",
-        metrics.lines().filter(|l| l.contains("recovered")).collect::<Vec<_>>().join("\n")
+        metrics
+            .lines()
+            .filter(|l| l.contains("recovered"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
-    assert_eq!(std::fs::read_to_string(job.join("cpuset.cpus")).unwrap(), cg_cpus);
+    assert_eq!(
+        std::fs::read_to_string(job.join("cpuset.cpus")).unwrap(),
+        cg_cpus
+    );
     assert_eq!(cpus_allowed(pid), on_pid.cpus);
     let leased: BTreeSet<u32> = before.iter().flat_map(|l| cpu_list(&l.3)).collect();
     no_leased_cpu_is_granted_again(&c, &leased).await;
@@ -324,7 +365,9 @@ async fn with_the_state_directory_lost_the_leases_come_back_from_the_agent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_alone_and_then_both_together_restart_without_losing_a_lease() {
-    let Some(root) = TestCgroup::new("both") else { return };
+    let Some(root) = TestCgroup::new("both") else {
+        return;
+    };
     let (mut rig, c) = Rig::start(&root).await;
     let mut sleeper = root.sleeper(120);
     let pid = sleeper.id();
@@ -353,9 +396,11 @@ async fn the_agent_alone_and_then_both_together_restart_without_losing_a_lease()
     // The process exits: the lease ends with it, as before any restart.
     let _ = sleeper.kill();
     let _ = sleeper.wait();
-    wait_until(Duration::from_secs(10), "the lease ends with its process", || async {
-        leases(&c).await.is_empty()
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "the lease ends with its process",
+        || async { leases(&c).await.is_empty() },
+    )
     .await;
 }
 
@@ -365,7 +410,12 @@ async fn only_the_owner_ends_a_lease_over_mutual_tls_even_after_a_restart() {
     let state = StateDir::new("owner");
     let addr = format!("127.0.0.1:{}", free_port());
     let mut args = pki.server_args();
-    args.extend(["--grpc-addr".into(), addr.clone(), "--state-dir".into(), state.path().into()]);
+    args.extend([
+        "--grpc-addr".into(),
+        addr.clone(),
+        "--state-dir".into(),
+        state.path().into(),
+    ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut server = Server::start(&args);
     let node_tls = pki.client("node", NODE);
@@ -373,8 +423,13 @@ async fn only_the_owner_ends_a_lease_over_mutual_tls_even_after_a_restart() {
     let mallory = pki.client("orchestrator", "mallory");
     let admin = pki.client("admin", "ops");
     let ch = fairplace_e2e::tls::channel(&addr, &node_tls).await.unwrap();
-    let mut reporter = Reporter::register_on(ch, NODE, topology(1, 1, 2, 2), &[]).await.unwrap();
-    reporter.update(1, true, states(4, &[]), NODE).await.unwrap();
+    let mut reporter = Reporter::register_on(ch, NODE, topology(1, 1, 2, 2), &[])
+        .await
+        .unwrap();
+    reporter
+        .update(1, true, states(4, &[]), NODE)
+        .await
+        .unwrap();
     let co = Client::connect_tls(&addr, &o).await.unwrap();
     let r = lease(&co, "o's job", None).await.unwrap();
     let cli_as = |tls: &fairplace_e2e::tls::TlsOptions, args: &[&str]| {
@@ -392,9 +447,15 @@ async fn only_the_owner_ends_a_lease_over_mutual_tls_even_after_a_restart() {
         }
         let (code, _, err) = cli_as(&mallory, &["release", &id]);
         assert_ne!(code, 0, "{round}: mallory released o's lease");
-        assert!(err.contains("PermissionDenied") || err.contains("permission"), "{err}");
+        assert!(
+            err.contains("PermissionDenied") || err.contains("permission"),
+            "{err}"
+        );
         assert!(err.contains("spiffe://fairplace/orchestrator/o"), "{err}");
-        assert!(err.contains("spiffe://fairplace/orchestrator/mallory"), "{err}");
+        assert!(
+            err.contains("spiffe://fairplace/orchestrator/mallory"),
+            "{err}"
+        );
         let cm = Client::connect_tls(&addr, &mallory).await.unwrap();
         let e = cm.renew_lease(r.lease_id, 0).await.unwrap_err();
         assert_eq!(e.code(), Code::PermissionDenied, "{round}");
@@ -410,32 +471,59 @@ async fn only_the_owner_ends_a_lease_over_mutual_tls_even_after_a_restart() {
     let (code, _, err) = cli_as(&admin, &["release", &id]);
     assert_eq!(code, 0, "{err}");
     let ca = Client::connect_tls(&addr, &admin).await.unwrap();
-    assert_eq!(ca.release_cpus(r.lease_id).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(
+        ca.release_cpus(r.lease_id).await.unwrap_err().code(),
+        Code::NotFound
+    );
     drop(server);
 }
 
+/// A target the agent must refuse: what it is, the target, and how to read
+/// back what applying it would have changed.
+type RefusalCase = (String, Option<pb::ApplyTarget>, Box<dyn Fn() -> String>);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn targets_outside_the_apply_roots_are_refused_and_nothing_changes() {
-    let Some(root) = TestCgroup::new("roots") else { return };
-    let Some(other) = TestCgroup::new("outside") else { return };
+    let Some(root) = TestCgroup::new("roots") else {
+        return;
+    };
+    let Some(other) = TestCgroup::new("outside") else {
+        return;
+    };
     let (rig, c) = Rig::start(&root).await;
     let mut outside = other.sleeper(120);
     let mut plain = Command::new("sleep").arg("120").spawn().unwrap();
     let kthreadd = 2;
-    let cases: Vec<(String, Option<pb::ApplyTarget>, Box<dyn Fn() -> String>)> = vec![
+    let cases: Vec<RefusalCase> = vec![
         {
             let pid = outside.id();
-            ("a process in another cgroup".into(), apply_pid(pid), Box::new(move || cpus_allowed(pid)))
+            (
+                "a process in another cgroup".into(),
+                apply_pid(pid),
+                Box::new(move || cpus_allowed(pid)),
+            )
         },
         {
             let pid = plain.id();
-            ("a process in the root cgroup".into(), apply_pid(pid), Box::new(move || cpus_allowed(pid)))
+            (
+                "a process in the root cgroup".into(),
+                apply_pid(pid),
+                Box::new(move || cpus_allowed(pid)),
+            )
         },
         ("pid 1".into(), apply_pid(1), Box::new(|| cpus_allowed(1))),
-        ("a kernel thread".into(), apply_pid(kthreadd), Box::new(move || cpus_allowed(kthreadd))),
+        (
+            "a kernel thread".into(),
+            apply_pid(kthreadd),
+            Box::new(move || cpus_allowed(kthreadd)),
+        ),
         {
             let pid = rig.agent.child.id();
-            ("the agent itself".into(), apply_pid(pid), Box::new(move || cpus_allowed(pid)))
+            (
+                "the agent itself".into(),
+                apply_pid(pid),
+                Box::new(move || cpus_allowed(pid)),
+            )
         },
         {
             let rel = other.dir.file_name().unwrap().to_str().unwrap().to_string();

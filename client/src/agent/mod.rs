@@ -19,6 +19,7 @@ pub mod apply;
 pub mod bpf;
 pub mod checkpoint;
 pub mod exact;
+pub mod leases;
 pub mod limits;
 pub mod pelt;
 pub mod procfs;
@@ -567,7 +568,7 @@ pub async fn stream<S: Source>(
     // What the server refused stays cut across reconnects.
     let mut shed = limits::Shedding::new();
     // Leases outlive a connection: the server may restart, they stay.
-    let mut applier = apply::Applier::new(&cfg.node_id, &cfg.leases);
+    let mut applier = leases::Applier::new(&cfg.node_id, &cfg.leases);
     loop {
         if *stop.borrow() {
             return;

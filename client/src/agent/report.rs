@@ -2,7 +2,7 @@
 //! named steps: [`connect`], [`register`], then per tick [`cpu_changes`],
 //! [`task_parts`] and [`fit_to_server`] build an update, and [`on_ack`]
 //! handles what the server answers. The leases the server pushes go to
-//! the stream's [`apply::Applier`], which outlives the connection.
+//! the stream's [`leases::Applier`], which outlives the connection.
 //!
 //! Deltas carry only the CPUs whose signals moved: a CPU is resent when any
 //! count, flag, stamp or latency differs from what was last *sent* for it,
@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-use super::{Source, StreamConfig, StreamStats, apply, limits};
+use super::{Source, StreamConfig, StreamStats, leases, limits};
 
 type Acks = tonic::Streaming<pb::Ack>;
 
@@ -284,7 +284,7 @@ pub(super) async fn run_once<S: Source>(
     cfg: &StreamConfig,
     source: &mut S,
     seq: &mut u64,
-    (shed, applier): (&mut limits::Shedding, &mut apply::Applier),
+    (shed, applier): (&mut limits::Shedding, &mut leases::Applier),
     stop: &mut watch::Receiver<bool>,
     stats: &watch::Sender<StreamStats>,
 ) -> Result<(), String> {
@@ -309,7 +309,7 @@ pub(super) async fn run_once<S: Source>(
                 if changed.is_err() || *stop.borrow() { return Ok(()); }
             }
             ack = acks.message() => match ack {
-                Ok(Some(a)) if apply::is_push(&a) => {
+                Ok(Some(a)) if leases::is_push(&a) => {
                     for m in applier.on_push(&a) {
                         tx.send(m).await.map_err(|_| "the stream closed".to_string())?;
                     }

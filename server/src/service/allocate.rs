@@ -235,6 +235,19 @@ fn grant_pb(l: &Lease, node: &str) -> pb::LeaseGrant {
     }
 }
 
+/// Longest owner (a SPIFFE ID) and policy name a held lease may carry.
+const MAX_OWNER_BYTES: usize = 2048;
+const MAX_POLICY_BYTES: usize = 32;
+
+/// Whether a lease an agent reports has the sizes of one this server grants.
+fn held_fits(g: &pb::LeaseGrant) -> bool {
+    g.holder.len() <= MAX_HOLDER_BYTES
+        && g.owner.len() <= MAX_OWNER_BYTES
+        && g.policy.len() <= MAX_POLICY_BYTES
+        && g.cpus.len() <= 8 * MAX_CPUS
+        && g.target.as_ref().is_none_or(|t| check_target(t).is_ok())
+}
+
 /// A lease an agent reports holding, as the log would keep it.
 pub fn held_record(g: &pb::LeaseGrant, node: &str) -> LeaseRecord {
     LeaseRecord {
@@ -256,16 +269,25 @@ pub fn held_record(g: &pb::LeaseGrant, node: &str) -> LeaseRecord {
 /// returns the ids the agent must drop. Waits for the adoptions to be
 /// durable before the agent is told anything.
 pub async fn reconcile(store: &Store, node: &Node, held: &[pb::LeaseGrant]) -> Vec<u64> {
-    let records: Vec<LeaseRecord> = held.iter().map(|g| held_record(g, &node.id)).collect();
+    // A report whose strings are beyond what a grant can carry is not a
+    // lease this server made: refused, never stored.
+    let (fit, unfit): (Vec<&pb::LeaseGrant>, Vec<&pb::LeaseGrant>) =
+        held.iter().partition(|g| held_fits(g));
+    let records: Vec<LeaseRecord> = fit.iter().map(|g| held_record(g, &node.id)).collect();
     let Reconciled {
         kept,
         adopted,
-        conflicts,
+        mut conflicts,
         expired,
-        release_on_node,
+        mut release_on_node,
         ended,
         commit,
     } = store.reconcile_leases(node, &records);
+    for g in &unfit {
+        tracing::warn!(node = %node.id, lease = g.lease_id, "a lease the agent holds has fields out of bounds: released on the node");
+        release_on_node.push(g.lease_id);
+        conflicts += 1;
+    }
     if !ended.is_empty() {
         metrics::counter!(m::LEASES_ENDED, "how" => "conflict").increment(ended.len() as u64);
     }
@@ -625,7 +647,7 @@ pub async fn renew_lease(
         ));
     }
     let ttl = (r.ttl_ms > 0).then(|| Duration::from_millis(r.ttl_ms as u64));
-    let (renewed, commit) = p
+    let (node, l, commit) = p
         .store
         .renew_lease(r.lease_id, ttl, Instant::now(), |l| {
             identity::check_lease_owner(caller, "renew", l.id, &l.owner)
@@ -635,9 +657,8 @@ pub async fn renew_lease(
         .wait()
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?;
-    let l = &renewed.lease;
     p.hub.push(
-        &renewed.node,
+        &node,
         pb::Ack {
             renewed: vec![pb::LeaseRenewal {
                 lease_id: l.id,

@@ -251,6 +251,16 @@ pub enum LeaseRefusal<E> {
     Refused(E),
 }
 
+/// An edit's outcome as a refusal: not found (no map held the lease, or
+/// the edit found it gone) or refused by the caller's check.
+fn settle<R, E>(r: Option<Result<R, Option<E>>>) -> Result<R, LeaseRefusal<E>> {
+    match r {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(Some(e))) => Err(LeaseRefusal::Refused(e)),
+        Some(Err(None)) | None => Err(LeaseRefusal::NotFound),
+    }
+}
+
 /// One lease op on a node's lease map, wherever the map lives.
 type Edit<'a, R, E> = &'a mut dyn FnMut(&mut BTreeMap<u64, Lease>) -> Result<R, E>;
 
@@ -360,22 +370,19 @@ impl Store {
             let lease = m.remove(&id).ok_or(None)?;
             Ok((lease, commit))
         };
-        match self.edit_lease(id, &mut edit) {
-            Some(Ok((lease, commit))) => Ok((Ended { node, lease }, commit)),
-            Some(Err(Some(e))) => Err(LeaseRefusal::Refused(e)),
-            Some(Err(None)) | None => Err(LeaseRefusal::NotFound),
-        }
+        let (lease, commit) = settle(self.edit_lease(id, &mut edit))?;
+        Ok((Ended { node, lease }, commit))
     }
 
     /// Extends lease `id` to `ttl` (or its own ttl) from `now` if `may`
-    /// allows it; returns the lease as it now is and the commit.
+    /// allows it; returns its node, the lease as it now is and the commit.
     pub fn renew_lease<E>(
         &self,
         id: u64,
         ttl: Option<Duration>,
         now: Instant,
         mut may: impl FnMut(&Lease) -> Result<(), E>,
-    ) -> Result<(Ended, Commit), LeaseRefusal<E>> {
+    ) -> Result<(String, Lease, Commit), LeaseRefusal<E>> {
         let node = self.leases.node_of(id).ok_or(LeaseRefusal::NotFound)?;
         let mut edit = |m: &mut BTreeMap<u64, Lease>| {
             let l = m.get_mut(&id).ok_or(None)?;
@@ -387,17 +394,8 @@ impl Store {
             let commit = self.log.submit(vec![LeaseOp::Put(l.record(&node))]);
             Ok((l.clone(), commit))
         };
-        match self.edit_lease(id, &mut edit) {
-            Some(Ok((lease, commit))) => Ok((
-                Ended {
-                    node: node.clone(),
-                    lease,
-                },
-                commit,
-            )),
-            Some(Err(Some(e))) => Err(LeaseRefusal::Refused(e)),
-            Some(Err(None)) | None => Err(LeaseRefusal::NotFound),
-        }
+        let (lease, commit) = settle(self.edit_lease(id, &mut edit))?;
+        Ok((node, lease, commit))
     }
 
     /// Records the agent's confirmation of a lease (durably, without
