@@ -3,7 +3,8 @@
 //! simulated 16-CPU two-LLC node (this machine's own kernel keeps it
 //! balanced; the simulated one has work to move), asks for a few real
 //! placements against the live state, runs a load-balance pass of both
-//! nodes, shows the cache-aware state, and keeps serving for a while.
+//! nodes, shows the cache-aware state, takes and releases a durable lease,
+//! and keeps serving for a while.
 //!
 //! It is the one program that links the server and the client library
 //! together, which is why it is a crate of its own.
@@ -365,6 +366,46 @@ async fn show_cache(client: &Client, sim_id: &str) {
     }
 }
 
+/// A lease on one CPU of this machine's node: granted (committed to the
+/// demo's lease store before the answer), listed by GetNode with its owner,
+/// released.
+async fn show_lease(client: &Client, node: &str, store: &std::path::Path) {
+    let granted = client
+        .allocate_cpus(pb::AllocateCpusRequest {
+            node_id: node.into(),
+            count: 1,
+            holder: "fairplace-demo".into(),
+            ..Default::default()
+        })
+        .await;
+    let l = match granted {
+        Ok(l) => l,
+        Err(e) => {
+            println!("
+lease on {node}: refused: {}", e.message());
+            return;
+        }
+    };
+    let owner = client
+        .get_node(node)
+        .await
+        .ok()
+        .and_then(|n| n.leases.into_iter().find(|x| x.lease_id == l.lease_id))
+        .map_or_else(|| "?".into(), |x| x.owner);
+    println!(
+        "
+lease {} on {node}: CPU {} ({}), owner {owner}, committed to {} before it was answered",
+        l.lease_id,
+        l.cpus,
+        l.per_cpu.first().map_or("", |c| c.path.as_str()),
+        store.join("leases.redb").display()
+    );
+    match client.release_cpus(l.lease_id).await {
+        Ok(_) => println!("lease {} released", l.lease_id),
+        Err(e) => println!("lease {} not released: {}", l.lease_id, e.message()),
+    }
+}
+
 /// A child shell spinning on a CPU while the decisions are asked; it
 /// stops when dropped, and by itself if the demo dies first (it spins only
 /// while its parent lives).
@@ -407,6 +448,7 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
     drop(spinner);
     show_balance(&client, &agents).await?;
     show_cache(&client, &agents.sim_id).await;
+    show_lease(&client, &agents.node_id, &server.state.0).await;
     let grpc = server.grpc;
     println!("\ngRPC:    {grpc}   (try: fairplace --server {grpc} nodes)");
     println!("metrics: http://{}/metrics", server.metrics);
