@@ -381,8 +381,7 @@ async fn show_lease(client: &Client, node: &str, store: &std::path::Path) {
     let l = match granted {
         Ok(l) => l,
         Err(e) => {
-            println!("
-lease on {node}: refused: {}", e.message());
+            println!("\nlease on {node}: refused: {}", e.message());
             return;
         }
     };
@@ -393,8 +392,7 @@ lease on {node}: refused: {}", e.message());
         .and_then(|n| n.leases.into_iter().find(|x| x.lease_id == l.lease_id))
         .map_or_else(|| "?".into(), |x| x.owner);
     println!(
-        "
-lease {} on {node}: CPU {} ({}), owner {owner}, committed to {} before it was answered",
+        "\nlease {} on {node}: CPU {} ({}), owner {owner}, committed to {} before it was answered",
         l.lease_id,
         l.cpus,
         l.per_cpu.first().map_or("", |c| c.path.as_str()),
