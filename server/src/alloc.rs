@@ -82,6 +82,15 @@ pub struct NoRoom {
     pub message: String,
 }
 
+impl From<crate::store::NodeGone> for NoRoom {
+    fn from(_: crate::store::NodeGone) -> NoRoom {
+        NoRoom {
+            reason: "node",
+            message: "node_id: the node re-registered or was forgotten during the allocation; nothing was granted, retry".into(),
+        }
+    }
+}
+
 /// The CPUs chosen, in order, each with the step that chose it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grant {

@@ -505,3 +505,46 @@ async fn a_reported_lease_with_fields_no_grant_carries_is_released_not_stored() 
     let kept: Vec<u64> = p.store.leases_of(&node).iter().map(|l| l.id).collect();
     assert_eq!(kept, vec![5_000_000_003], "the well-formed one is adopted");
 }
+
+#[tokio::test]
+async fn a_node_replaced_by_another_topology_keeps_its_leases_and_its_old_object_grants_nothing() {
+    let dir = Dir::new("retired");
+    let p = open(&dir);
+    register(&p, "a");
+    let old = p.store.get("a").unwrap();
+    let o = who(Role::Orchestrator, "o");
+    let kept = alloc(&p, &o, 1, 60_000).await;
+    // The agent comes back with another topology: four CPUs, one LLC.
+    let four = TopologySpec {
+        cpus: spec().cpus.into_iter().take(4).collect(),
+        numa_distance: None,
+    };
+    p.store.register("a", vec![], "t".into(), four).unwrap();
+    let new = p.store.get("a").unwrap();
+    assert!(!Arc::ptr_eq(&old, &new));
+    let ids: Vec<u64> = p.store.leases_of(&new).iter().map(|l| l.id).collect();
+    assert_eq!(
+        ids,
+        vec![kept.lease_id],
+        "the lease moved to the new node (CPU {} fits)",
+        kept.cpus
+    );
+    // A caller still holding the old node object gets nothing from it.
+    let r = p.store.allocate_locked(&old, Instant::now(), |_, _| {
+        Ok::<_, fairplace::alloc::NoRoom>((
+            (),
+            fairplace::store::NewLease {
+                cpus: fairplace::engine::cpumask::CpuMask::first_n(1),
+                policy: "kernel".into(),
+                holder: "stale".into(),
+                owner: "anonymous".into(),
+                ttl: Duration::from_secs(60),
+                target: None,
+            },
+        ))
+    });
+    let e = r.err().expect("the retired node granted a lease");
+    assert_eq!(e.reason, "node");
+    assert!(e.message.starts_with("node_id:"), "{}", e.message);
+    assert_eq!(p.store.leases_outstanding(), (1, 1));
+}

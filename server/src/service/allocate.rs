@@ -488,7 +488,7 @@ fn decide(
             ttl: c.ttl,
             target: c.target.clone(),
         };
-        Ok(((grant, snap.version), new))
+        Ok::<_, NoRoom>(((grant, snap.version), new))
     })?;
     Ok((grant, lease, version, commit))
 }

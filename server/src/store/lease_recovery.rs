@@ -108,6 +108,11 @@ impl Store {
             .writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if w.leases.retired {
+            // A newer registration replaced this node; it reconciles its
+            // own report.
+            return out;
+        }
         let cur = node.snapshot();
         let base = super::claims::base_cpus(&cur, &w);
         for r in held {

@@ -140,6 +140,11 @@ pub(super) struct NodeLeases {
     pub(super) leases: BTreeMap<u64, Lease>,
     /// Each leased CPU's agent state without its lease.
     base: HashMap<u32, CpuState>,
+    /// The node left the store (forgotten, or replaced by a registration
+    /// with another topology) and its leases were parked: this object
+    /// takes no lease any more, or a caller still holding it would grant
+    /// a parked lease's CPU again, into a node nobody reads.
+    pub(super) retired: bool,
 }
 
 impl NodeLeases {
@@ -235,6 +240,12 @@ fn random_u64() -> u64 {
     })
 }
 
+/// An allocation reached a node object that left the store while it was
+/// being decided (the node re-registered with another topology, or was
+/// forgotten): nothing was granted; the caller may retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeGone;
+
 /// A lease that ended, for the node's agent and the metrics.
 #[derive(Debug, Clone)]
 pub struct Ended {
@@ -270,13 +281,16 @@ impl Store {
     /// lease to make or why not. Deciding under the writer makes two
     /// concurrent allocations see each other: they never share a CPU. The
     /// returned commit makes it durable.
-    pub fn allocate_locked<T, E>(
+    pub fn allocate_locked<T, E: From<NodeGone>>(
         &self,
         node: &Node,
         now: Instant,
         decide: impl FnOnce(&Snapshot, &CpuMask) -> Result<(T, NewLease), E>,
     ) -> Result<(T, Lease, Commit), E> {
         let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.leases.retired {
+            return Err(NodeGone.into());
+        }
         let cur = node.snapshot();
         let held = w.leases.leased();
         let (out, new) = decide(&cur, &held)?;
@@ -489,7 +503,10 @@ impl Store {
     /// expire. Returns how many.
     pub(super) fn park_leases(&self, node: &str, w: &mut Writer) -> usize {
         let leases = std::mem::take(&mut w.leases.leases);
-        w.leases = NodeLeases::default();
+        w.leases = NodeLeases {
+            retired: true,
+            ..NodeLeases::default()
+        };
         let n = leases.len();
         if n > 0 {
             self.leases
@@ -506,6 +523,10 @@ impl Store {
     /// ends (counted as `topology`); the ended ones are returned.
     pub(super) fn unpark_leases(&self, node: &Node) -> Vec<Ended> {
         let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.leases.retired {
+            // Replaced already: the newer node takes them.
+            return Vec::new();
+        }
         let Some(parked) = self.leases.parked().remove(&node.id) else {
             return Vec::new();
         };

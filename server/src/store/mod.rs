@@ -44,7 +44,7 @@ pub use cache::{CacheSummary, ProcSummary};
 pub use cluster_pass::ClusterBalanceRequest;
 pub use durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError};
 pub use lease_recovery::{Loaded, Reconciled};
-pub use leases::{Ended, Lease, LeaseRefusal, NewLease, Target, wall_ms};
+pub use leases::{Ended, Lease, LeaseRefusal, NewLease, NodeGone, Target, wall_ms};
 pub use tasks::{CpuTaskList, RuntimeEntry};
 /// The limits of one update, for agents to cut their reports to.
 pub use tasks::{
