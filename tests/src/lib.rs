@@ -320,19 +320,29 @@ impl Reporter {
         topology: pb::Topology,
         labels: &[(&str, &str)],
     ) -> Result<Reporter, tonic::Status> {
+        let reg = pb::Register {
+            node_id: node_id.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            topology: Some(topology),
+            agent_version: "test".into(),
+            ..Default::default()
+        };
+        Reporter::register_with(ch, reg).await
+    }
+
+    /// Opens a Report stream with `reg` as its registration, whatever it
+    /// holds.
+    pub async fn register_with(
+        ch: tonic::transport::Channel,
+        reg: pb::Register,
+    ) -> Result<Reporter, tonic::Status> {
         let mut client = pb::agent_service_client::AgentServiceClient::new(ch);
         let (tx, rx) = mpsc::channel(16);
         tx.send(pb::AgentMessage {
-            body: Some(Body::Register(pb::Register {
-                node_id: node_id.into(),
-                labels: labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                topology: Some(topology),
-                agent_version: "test".into(),
-                ..Default::default()
-            })),
+            body: Some(Body::Register(reg)),
         })
         .await
         .unwrap();

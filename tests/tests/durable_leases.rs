@@ -548,3 +548,49 @@ async fn targets_outside_the_apply_roots_are_refused_and_nothing_changes() {
         let _ = p.wait();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_holding_more_leases_than_a_node_can_hold_is_refused_by_name() {
+    let server = Server::start(&[]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let held: Vec<pb::LeaseGrant> = (1..=4097u64)
+        .map(|i| pb::LeaseGrant {
+            lease_id: 7_000_000_000 + i,
+            cpus: "0".into(),
+            owner: "spiffe://fairplace/orchestrator/o".into(),
+            ttl_ms: 30_000,
+            expires_at_unix_ms: now + 30_000,
+            granted_at_unix_ms: now,
+            ..Default::default()
+        })
+        .collect();
+    let reg = pb::Register {
+        node_id: "hoarder".into(),
+        topology: Some(topology(1, 1, 2, 2)),
+        held_leases: held,
+        ..Default::default()
+    };
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let e = Reporter::register_with(ch, reg)
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().starts_with("register.held_leases:"),
+        "{}",
+        e.message()
+    );
+    let c = Client::connect(&server.grpc).await.unwrap();
+    assert_eq!(
+        c.get_node("hoarder").await.unwrap_err().code(),
+        Code::NotFound
+    );
+}
