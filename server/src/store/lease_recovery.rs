@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use super::durable::{LeaseOp, LeaseRecord, LogError, unix_ms_now};
 use super::{Commit, Ended, Lease, Node, Store};
+use crate::engine::cpumask::CpuMask;
 use crate::metrics as m;
 
 fn recovered(how: &'static str, n: usize) {
@@ -115,8 +116,11 @@ impl Store {
         }
         let cur = node.snapshot();
         let base = super::claims::base_cpus(&cur, &w);
+        // The CPUs live leases hold: most reports overlap none, and are
+        // judged without a look at each lease.
+        let mut held_cpus = w.leases.leased();
         for r in held {
-            let verdict = self.judge(node, &w.leases, r, now, now_ms);
+            let verdict = self.judge(node, (&w.leases, &held_cpus), r, now, now_ms);
             match verdict {
                 Verdict::Kept => out.kept += 1,
                 Verdict::Refuse(why) => {
@@ -144,8 +148,10 @@ impl Store {
                     }
                     self.adopt(node, &mut w.leases, lease, &mut ops);
                     out.adopted += 1;
+                    held_cpus = w.leases.leased();
                 }
                 Verdict::Adopt(lease) => {
+                    held_cpus.or_assign(&lease.cpus);
                     self.adopt(node, &mut w.leases, lease, &mut ops);
                     out.adopted += 1;
                 }
@@ -180,7 +186,7 @@ impl Store {
     fn judge(
         &self,
         node: &Node,
-        leases: &super::leases::NodeLeases,
+        (leases, held_cpus): (&super::leases::NodeLeases, &CpuMask),
         r: &LeaseRecord,
         now: Instant,
         now_ms: u64,
@@ -199,6 +205,9 @@ impl Store {
         }
         if lease.cpus.iter().any(|c| c >= node.spec.cpus.len()) {
             return Verdict::Refuse("it names a CPU the node does not have");
+        }
+        if lease.cpus.and(held_cpus).is_empty() {
+            return Verdict::Adopt(lease);
         }
         let overlapping: Vec<&Lease> = leases
             .leases
