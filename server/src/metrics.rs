@@ -284,7 +284,7 @@ pub const ALL: [(&str, &str, &str); 50] = [
     (
         LEASES_ENDED,
         "counter",
-        "Leases ended, by how: released, expired, target_gone, apply_failed, topology (CPUs the node no longer has), conflict (lost to an earlier lease an agent held), store_failed.",
+        "Leases ended, by how: released, expired, target_gone, apply_failed, abandoned (its AllocateCpus was cut short before it answered), topology (CPUs the node no longer has), conflict (lost to an earlier lease an agent held), store_failed.",
     ),
     (
         LEASES_RECOVERED,

@@ -594,3 +594,58 @@ async fn a_registration_holding_more_leases_than_a_node_can_hold_is_refused_by_n
         Code::NotFound
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocate_cpus_whose_caller_went_away_leaves_no_lease() {
+    let server = Server::start(&[]);
+    // A node whose agent never answers a grant: the allocation waits for it.
+    let mut silent = Reporter::register(&server.grpc, "silent", topology(1, 1, 2, 2))
+        .await
+        .unwrap();
+    silent
+        .update(1, true, states(4, &[]), "silent")
+        .await
+        .unwrap();
+    let mut impatient = Client::connect(&server.grpc).await.unwrap();
+    impatient.deadline = Duration::from_millis(300);
+    let e = impatient
+        .allocate_cpus(pb::AllocateCpusRequest {
+            node_id: "silent".into(),
+            count: 1,
+            ttl_ms: 3_600_000,
+            apply: apply_pid(std::process::id()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{e:?}"
+    );
+    // Released when the call was dropped, not an hour later (and before
+    // the server's own 1.5 s wait for the agent would have ended it).
+    let c = Client::connect(&server.grpc).await.unwrap();
+    let t0 = Instant::now();
+    loop {
+        let n = c.get_node("silent").await.unwrap();
+        if n.leases.is_empty() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_millis(1000),
+            "the lease outlived its call: {:?}",
+            n.leases
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = http_get(&server.metrics);
+    assert!(
+        metrics.contains("fairplace_leases_ended_total{how=\"abandoned\"} 1"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("ended"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

@@ -459,14 +459,53 @@ fn node_task(
     Ok(task)
 }
 
+/// A lease granted but not answered yet. Dropped before
+/// [`Unanswered::answered`] (the call failed, or its caller went away and
+/// the call's future was dropped mid-way, in the heavy pool or while it
+/// waited for the log or the agent) it is released and its agent told, so
+/// no lease outlives an AllocateCpus nobody got an answer to.
+struct Unanswered {
+    store: Arc<Store>,
+    hub: Arc<LeaseHub>,
+    node: String,
+    id: u64,
+    /// How it ends if dropped (`fairplace_leases_ended_total{how}`).
+    how: &'static str,
+    armed: bool,
+}
+
+impl Unanswered {
+    fn answered(mut self) {
+        self.armed = false;
+    }
+
+    /// Ends it now, counted as `how`.
+    fn fail(mut self, how: &'static str) {
+        self.how = how;
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if self.armed {
+            end_unanswered(&self.store, self.id, self.how);
+            self.hub.notify_released(&self.node, vec![self.id]);
+        }
+    }
+}
+
+/// What [`decide`] grants: the policy's answer, the lease, the snapshot
+/// version it was decided on, its commit, and its guard.
+type Decided = (Grant, Lease, u64, Commit, Unanswered);
+
 /// Decides the lease under the node's writer and submits it to the log.
 fn decide(
-    store: &Store,
+    (store, hub): (&Arc<Store>, &Arc<LeaseHub>),
     node: &Node,
     task: &Task,
     c: &Checked,
     now: Instant,
-) -> Result<(Grant, Lease, u64, Commit), NoRoom> {
+) -> Result<Decided, NoRoom> {
     let sys = store.config.system;
     let ((grant, version), lease, commit) = store.allocate_locked(node, now, |snap, leased| {
         let req = alloc::Request {
@@ -490,7 +529,15 @@ fn decide(
         };
         Ok::<_, NoRoom>(((grant, snap.version), new))
     })?;
-    Ok((grant, lease, version, commit))
+    let guard = Unanswered {
+        store: Arc::clone(store),
+        hub: Arc::clone(hub),
+        node: node.id.clone(),
+        id: lease.id,
+        how: "abandoned",
+        armed: true,
+    };
+    Ok((grant, lease, version, commit, guard))
 }
 
 fn refused(policy: &str, reason: &str) {
@@ -526,25 +573,28 @@ async fn allocate_inner(
     drop(snap);
     let c = Arc::new(c);
     let decided = if cost <= HEAVY_COST {
-        decide(&p.store, &node, &task, &c, now)
+        decide((&p.store, &p.hub), &node, &task, &c, now)
     } else {
-        let (store, n, c2) = (Arc::clone(&p.store), Arc::clone(&node), Arc::clone(&c));
+        let (store, hub) = (Arc::clone(&p.store), Arc::clone(&p.hub));
+        let (n, c2) = (Arc::clone(&node), Arc::clone(&c));
         p.heavy
-            .run("allocate", move || decide(&store, &n, &task, &c2, now))
+            .run("allocate", move || {
+                decide((&store, &hub), &n, &task, &c2, now)
+            })
             .await
             .map_err(|s| ("busy", s))?
     };
-    let (grant, lease, version, commit) =
+    let (grant, lease, version, commit, guard) =
         decided.map_err(|e| (e.reason, Status::resource_exhausted(e.message)))?;
     if let Err(e) = commit.wait().await {
         // Not durable: not granted. Its CPUs go back at once.
-        end_unanswered(&p.store, lease.id, "store_failed");
+        guard.fail("store_failed");
         return Err(("store", Status::unavailable(e.to_string())));
     }
     let mut applied = false;
     if lease.target.is_some() {
         if let Err(s) = p.hub.apply(&p.store, &node, &lease).await {
-            end_unanswered(&p.store, lease.id, "apply_failed");
+            guard.fail("apply_failed");
             return Err(("apply", s));
         }
         applied = true;
@@ -557,6 +607,7 @@ async fn allocate_inner(
             },
         );
     }
+    guard.answered();
     metrics::counter!(m::LEASE_GRANTS, "policy" => c.policy.as_str()).increment(1);
     tracing::debug!(node = %node.id, lease = lease.id, cpus = %lease.cpus, policy = c.policy.as_str(), holder = %c.holder, "lease granted");
     Ok(pb::AllocateCpusResponse {
