@@ -186,10 +186,37 @@ fn local(o: &RunOptions, why: String) -> Result<Cpus, String> {
 /// Starts the command on `cpus` (affinity, or the cgroup), keeps the lease
 /// alive while it runs, releases it, and returns the exit status.
 pub async fn run_on(client: Option<&Client>, o: &RunOptions, cpus: &Cpus) -> Result<i32, String> {
+    let outcome = launch(client, o, cpus).await;
+    // The lease is released on every path: after the command, and when it
+    // could not even start (a missing program, a cgroup that refused it).
+    let left = match (&outcome, cpus) {
+        (Ok((_, left)), _) => *left,
+        (Err(_), Cpus::Lease { id, .. }) => Some((*id, false)),
+        (Err(_), Cpus::Local { .. }) => None,
+    };
+    if let (Some(c), Some((id, expired))) = (client, left) {
+        release(c, id, expired).await;
+    }
+    let (status, _) = outcome?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1))
+}
+
+/// Sets the command up on `cpus`, starts it, and supervises it to its
+/// end: its status, and the lease still to release.
+async fn launch(
+    client: Option<&Client>,
+    o: &RunOptions,
+    cpus: &Cpus,
+) -> Result<(std::process::ExitStatus, Option<(u64, bool)>), String> {
     let list = apply::parse_cpulist(cpus.list()).map_err(|e| e.message)?;
     let (program, args) = o.cmd.split_first().ok_or("no command to run")?;
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args);
+    let parent = std::process::id() as libc::pid_t;
     match &o.cgroup {
         Some(path) => {
             let dir = apply::set_cgroup_cpus(path, cpus.list()).map_err(|e| e.message)?;
@@ -200,10 +227,13 @@ pub async fn run_on(client: Option<&Client>, o: &RunOptions, cpus: &Cpus) -> Res
             )
             .map_err(|e| format!("--cgroup: {e}"))?;
             // SAFETY: the closure runs in the child between fork and exec
-            // and makes only async-signal-safe calls (open, write, close)
-            // on memory prepared before the fork.
+            // and makes only async-signal-safe calls (prctl, getppid, open,
+            // write, close) on memory prepared before the fork.
             unsafe {
-                cmd.pre_exec(move || join_cgroup(&procs));
+                cmd.pre_exec(move || {
+                    die_with_parent(parent)?;
+                    join_cgroup(&procs)
+                });
             }
         }
         None => {
@@ -211,6 +241,7 @@ pub async fn run_on(client: Option<&Client>, o: &RunOptions, cpus: &Cpus) -> Res
             // SAFETY: as above; sched_setaffinity is a plain system call.
             unsafe {
                 cmd.pre_exec(move || {
+                    die_with_parent(parent)?;
                     if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
                     {
                         return Err(std::io::Error::last_os_error());
@@ -224,15 +255,24 @@ pub async fn run_on(client: Option<&Client>, o: &RunOptions, cpus: &Cpus) -> Res
         .spawn()
         .map_err(|e| format!("{}: {e}", PathBuf::from(program).display()))?;
     let name = PathBuf::from(program).display().to_string();
-    let (status, left) = supervise(client, cpus, &mut child, &name).await?;
-    if let (Some(c), Some((id, expired))) = (client, left) {
-        release(c, id, expired).await;
+    supervise(client, cpus, &mut child, &name).await
+}
+
+/// In the child before it executes: the command dies (SIGKILL) with
+/// `fairplace run`, so it never outlives the lease that placed it
+/// (PR_SET_PDEATHSIG; a parent already gone is checked after it is set).
+fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number; getppid
+    // takes nothing. Both are async-signal-safe.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() != parent {
+            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+        }
     }
-    use std::os::unix::process::ExitStatusExt;
-    Ok(status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1))
+    Ok(())
 }
 
 /// Writes "0" (the writer itself) to a cgroup's cgroup.procs: the child
@@ -384,8 +424,7 @@ async fn supervise(
         }
         _ => None,
     };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| format!("SIGTERM handler: {e}"))?;
+    let mut forward = Forwarded::install()?;
     let renewing = |k: &Option<Keeper>| k.as_ref().is_some_and(|k| !k.done);
     loop {
         tokio::select! {
@@ -405,12 +444,45 @@ async fn supervise(
                     eprintln!("{line}");
                 }
             }
-            _ = term.recv() => {
+            sig = forward.recv() => {
                 if let Some(pid) = child.id() {
                     // SAFETY: kill sends a signal to our own child.
-                    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+                    unsafe { libc::kill(pid as i32, sig) };
                 }
             }
+        }
+    }
+}
+
+/// The signals `fairplace run` passes on to its command (a terminal's
+/// Ctrl-C and Ctrl-\, a hang-up, a service manager's stop) instead of
+/// dying of them and leaving the command behind.
+struct Forwarded([(libc::c_int, tokio::signal::unix::Signal); 4]);
+
+impl Forwarded {
+    fn install() -> Result<Forwarded, String> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let on = |sig: libc::c_int| {
+            signal(SignalKind::from_raw(sig))
+                .map(|s| (sig, s))
+                .map_err(|e| format!("signal {sig} handler: {e}"))
+        };
+        Ok(Forwarded([
+            on(libc::SIGINT)?,
+            on(libc::SIGHUP)?,
+            on(libc::SIGQUIT)?,
+            on(libc::SIGTERM)?,
+        ]))
+    }
+
+    /// The next signal received.
+    async fn recv(&mut self) -> libc::c_int {
+        let [(a, sa), (b, sb), (c, sc), (d, sd)] = &mut self.0;
+        tokio::select! {
+            _ = sa.recv() => *a,
+            _ = sb.recv() => *b,
+            _ = sc.recv() => *c,
+            _ = sd.recv() => *d,
         }
     }
 }

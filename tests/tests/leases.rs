@@ -370,3 +370,105 @@ fn without_a_server_run_falls_back_to_a_local_choice_says_so_and_counts_it() {
     assert_eq!(count().as_deref(), Some("2"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fairplace_run_of_a_command_that_cannot_start_releases_its_lease() {
+    let (server, _agent, c) = setup().await;
+    let (code, _, err) = cli(
+        &server.grpc,
+        &[
+            "run",
+            "--node",
+            NODE,
+            "--cpus",
+            "1",
+            "--ttl-ms",
+            "3600000",
+            "--",
+            "/nonexistent/fairplace-e2e-command",
+        ],
+    );
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("/nonexistent/fairplace-e2e-command"), "{err}");
+    assert!(
+        leases(&c).await.is_empty(),
+        "an hour's lease left behind: {err}"
+    );
+}
+
+/// The children of process `pid` (every thread's `children` file).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let f = t.path().join("children");
+        out.extend(
+            std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|w| w.parse::<u32>().ok()),
+        );
+    }
+    out
+}
+
+/// `fairplace run -- sleep 60` on NODE, and the sleep's pid once started.
+async fn run_sleep(server: &Server) -> (Child, u32) {
+    let run = Command::new(bin("fairplace"))
+        .args([
+            "--server",
+            &server.grpc,
+            "run",
+            "--node",
+            NODE,
+            "--cpus",
+            "1",
+        ])
+        .args(["--", "sleep", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if let Some(&c) = children(run.id()).first() {
+            return (run, c);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("fairplace run never started its command");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hang_up_reaches_the_command_and_the_command_dies_with_fairplace_run() {
+    let (server, _agent, c) = setup().await;
+    // SIGHUP to fairplace run: passed on, the command dies of it, the
+    // lease is released, and run reports 128 + 1.
+    let (run, sleep) = run_sleep(&server).await;
+    fairplace_e2e::send_signal(run.id(), libc::SIGHUP);
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(129),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!std::path::Path::new(&format!("/proc/{sleep}")).exists());
+    assert!(leases(&c).await.is_empty());
+    // SIGKILL to fairplace run (nothing to pass on): the command dies too.
+    let (mut run, sleep) = run_sleep(&server).await;
+    fairplace_e2e::send_signal(run.id(), libc::SIGKILL);
+    run.wait().unwrap();
+    let gone = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        !std::path::Path::new(&format!("/proc/{sleep}/stat")).exists()
+            || std::fs::read_to_string(format!("/proc/{sleep}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+    });
+    assert!(gone, "the command outlived fairplace run");
+}
