@@ -417,7 +417,7 @@ fn children(pid: u32) -> Vec<u32> {
 
 /// `fairplace run -- sleep 60` on NODE, and the sleep's pid once started.
 async fn run_sleep(server: &Server) -> (Child, u32) {
-    let run = Command::new(bin("fairplace"))
+    let mut run = Command::new(bin("fairplace"))
         .args([
             "--server",
             &server.grpc,
@@ -438,6 +438,8 @@ async fn run_sleep(server: &Server) -> (Child, u32) {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    let _ = run.kill();
+    let _ = run.wait();
     panic!("fairplace run never started its command");
 }
 
