@@ -1,6 +1,7 @@
 //! Plain-text tables and names for the CLI and the demo.
 
 use fairplace_proto::v1 as pb;
+use fairplace_types::quote::printable;
 
 /// A proposal's migration type as the kernel names it.
 pub fn migration_type_name(t: i32) -> &'static str {
@@ -16,6 +17,14 @@ pub fn migration_type_name(t: i32) -> &'static str {
 
 /// Formats rows under a header, each column as wide as its widest cell.
 pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
+    // A cell is what a node or a caller sent: never raw control characters
+    // on the terminal (a newline would forge a row, an escape sequence
+    // would reach the terminal).
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| printable(c).into_owned()).collect())
+        .collect();
+    let rows = &rows;
     let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -75,5 +84,16 @@ mod tests {
             t,
             "cpu  path\n---  ---------\n12   idle_core\n3    target\n"
         );
+    }
+
+    #[test]
+    fn a_cell_cannot_forge_a_row_or_reach_the_terminal() {
+        let t = super::render(
+            &["node", "zone"],
+            &[vec!["n1".into(), "eu\nn2      eu-2\u{1b}[2J".into()]],
+        );
+        assert_eq!(t.lines().count(), 3, "{t}");
+        assert!(!t.contains('\u{1b}'), "{t:?}");
+        assert!(t.contains("eu\\nn2"), "{t}");
     }
 }

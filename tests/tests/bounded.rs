@@ -581,3 +581,66 @@ fn flood_figures() {
         eprintln!("idle CPU with {ok} nodes: {:.1} % of a core over 10 s", (c1 - c0) * 10.0);
     });
 }
+
+#[test]
+fn labels_and_agent_versions_are_short_and_printable_or_refused_by_name() {
+    let server = Server::start(&[]);
+    rt().block_on(async {
+        let reg = |labels: Vec<(String, String)>, version: &str| pb::Register {
+            node_id: "labelled".into(),
+            labels: labels.into_iter().collect(),
+            topology: Some(topology(1, 1, 2, 1)),
+            agent_version: version.into(),
+            ..Default::default()
+        };
+        let one = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+        let many: Vec<(String, String)> = (0..33).map(|i| (format!("k{i}"), "v".into())).collect();
+        let cases = [
+            (
+                reg(one("zone", "eu\nn2  eu-2"), "1"),
+                "register.labels[\"zone\"]:",
+            ),
+            (
+                reg(one("zone", "\u{1b}[2J"), "1"),
+                "register.labels[\"zone\"]:",
+            ),
+            (
+                reg(one("zone", &"z".repeat(3 << 20)), "1"),
+                "register.labels[\"zone\"]:",
+            ),
+            (reg(one("rack\r", "r1"), "1"), "register.labels["),
+            (reg(many, "1"), "register.labels:"),
+            (reg(vec![], "1.0\u{1b}[31m"), "register.agent_version:"),
+            (reg(vec![], &"v".repeat(129)), "register.agent_version:"),
+        ];
+        for (r, field) in cases {
+            let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let e = Reporter::register_with(ch, r).await.err().expect("refused");
+            assert_eq!(e.code(), Code::InvalidArgument, "{field}: {e:?}");
+            assert!(e.message().starts_with(field), "{field}: {}", e.message());
+            assert!(
+                e.message().len() < 400,
+                "a short quote: {}",
+                e.message().len()
+            );
+        }
+        let c = Client::connect(&server.grpc).await.unwrap();
+        assert_eq!(
+            c.get_node("labelled").await.unwrap_err().code(),
+            Code::NotFound
+        );
+        // A well-formed registration still gets in.
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        Reporter::register_with(ch, reg(one("zone", "eu-1"), "0.1.0"))
+            .await
+            .unwrap();
+    });
+}

@@ -32,9 +32,36 @@ pub fn field_key(k: &str) -> Cow<'_, str> {
     }
 }
 
+/// A string as a terminal may show it: every control character (a
+/// newline that would forge a row, an escape sequence that would reach the
+/// terminal) written as its Rust escape (`\n`, `\u{1b}`), the rest as is.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<String>()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_for_a_terminal() {
+        assert_eq!(printable("rack-1"), "rack-1");
+        assert_eq!(printable("a\nb"), "a\\nb");
+        assert_eq!(printable("\u{1b}[31mred"), "\\u{1b}[31mred");
+        assert!(!printable("x\r\ty\u{7}").chars().any(char::is_control));
+    }
 
     #[test]
     fn short_values_are_quoted_whole() {

@@ -79,6 +79,8 @@ impl Store {
         spec: TopologySpec,
     ) -> Result<(Arc<Node>, u64), RegisterError> {
         self.check_node_id(id)?;
+        check_labels(&labels)?;
+        check_agent_version(&agent_version)?;
         // A new id beyond the limit is refused before any topology work;
         // the insert below checks again under `admit`.
         if self.nodes.len() >= self.config.max_nodes && !self.nodes.contains_key(id) {
@@ -206,7 +208,62 @@ impl Store {
         }
         Ok(())
     }
+}
 
+/// Labels a node may carry at most.
+pub const MAX_LABELS: usize = 32;
+/// Longest label key or value, in bytes (a DNS subdomain, as Kubernetes'
+/// label prefixes).
+pub const MAX_LABEL_BYTES: usize = 253;
+/// Longest agent version string, in bytes.
+pub const MAX_AGENT_VERSION_BYTES: usize = 128;
+
+/// Why a client's string is not fit to store and show: too long, or with a
+/// control character (a newline or an escape sequence would forge a row or
+/// reach a terminal); `None` when fit.
+fn unfit(s: &str, max: usize) -> Option<String> {
+    let q = crate::quote::quote(s);
+    if s.len() > max {
+        Some(format!("{q} is longer than {max} bytes"))
+    } else if s.chars().any(char::is_control) {
+        Some(format!("{q} contains a control character"))
+    } else {
+        None
+    }
+}
+
+/// A registration's labels: at most [`MAX_LABELS`], keys non-empty, keys
+/// and values short and printable.
+fn check_labels(labels: &[(String, String)]) -> Result<(), FieldError> {
+    if labels.len() > MAX_LABELS {
+        return Err(FieldError::new(
+            "register.labels",
+            format!("{} labels is more than {MAX_LABELS}", labels.len()),
+        ));
+    }
+    for (k, v) in labels {
+        let field = || format!("register.labels[{}]", crate::quote::quote(k));
+        if k.is_empty() {
+            return Err(FieldError::new("register.labels", "a key is empty"));
+        }
+        if let Some(why) = unfit(k, MAX_LABEL_BYTES) {
+            return Err(FieldError::new(field(), format!("key {why}")));
+        }
+        if let Some(why) = unfit(v, MAX_LABEL_BYTES) {
+            return Err(FieldError::new(field(), format!("value {why}")));
+        }
+    }
+    Ok(())
+}
+
+fn check_agent_version(v: &str) -> Result<(), FieldError> {
+    match unfit(v, MAX_AGENT_VERSION_BYTES) {
+        Some(why) => Err(FieldError::new("register.agent_version", why)),
+        None => Ok(()),
+    }
+}
+
+impl Store {
     /// Validates and applies one update atomically. A rejected update leaves
     /// the node exactly as it was.
     pub fn apply(
