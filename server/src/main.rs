@@ -95,6 +95,15 @@ struct ServeArgs {
     /// process; for benchmarks and throwaway servers).
     #[arg(long, default_value = "redb", value_parser = ["redb", "memory"])]
     lease_store: String,
+    /// Leases one caller identity may hold at once (0: no limit).
+    #[arg(long, default_value_t = fairplace::store::DEFAULT_MAX_LEASES_PER_CALLER)]
+    max_leases_per_caller: usize,
+    /// CPUs one caller identity may hold leased at once (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    max_leased_cpus_per_caller: usize,
+    /// The longest lifetime an AllocateCpus or RenewLease may ask for (ms).
+    #[arg(long, default_value_t = 86_400_000, value_parser = positive_u64)]
+    max_lease_ttl_ms: u64,
     /// gRPC listen address (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:50051")]
     grpc_addr: SocketAddr,
@@ -263,6 +272,11 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
         forget_after: Duration::from_secs(a.forget_after_s),
         max_nodes: a.max_nodes,
         max_node_id_bytes: a.max_node_id_bytes,
+        lease_limits: fairplace::store::OwnerLimits {
+            leases: (a.max_leases_per_caller > 0).then_some(a.max_leases_per_caller),
+            cpus: (a.max_leased_cpus_per_caller > 0).then_some(a.max_leased_cpus_per_caller),
+        },
+        max_lease_ttl: Duration::from_millis(a.max_lease_ttl_ms),
         ..StoreConfig::default()
     };
     store.system.migration_cost_ns = a.migration_cost_ns;

@@ -279,7 +279,7 @@ pub const ALL: [(&str, &str, &str); 50] = [
     (
         LEASE_REFUSALS,
         "counter",
-        "AllocateCpus requests refused, by policy and reason (invalid, node, leased, cores, llc, apply, busy).",
+        "AllocateCpus requests refused, by policy and reason (invalid, node, leased, cores, llc, apply, busy, store, caller_limit).",
     ),
     (
         LEASES_ENDED,

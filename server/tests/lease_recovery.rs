@@ -55,11 +55,15 @@ impl Drop for Dir {
 
 /// A placement service over a store whose leases live in `dir`, loaded.
 fn open(dir: &Dir) -> Placement {
+    open_with(dir, StoreConfig::default())
+}
+
+fn open_with(dir: &Dir, config: StoreConfig) -> Placement {
     let log = Arc::new(RedbLog::open(&dir.0).unwrap());
     let store = Arc::new(Store::with_log(
         StoreConfig {
             stale_after: Duration::from_secs(3600),
-            ..StoreConfig::default()
+            ..config
         },
         log,
     ));
@@ -547,4 +551,128 @@ async fn a_node_replaced_by_another_topology_keeps_its_leases_and_its_old_object
     assert_eq!(e.reason, "node");
     assert!(e.message.starts_with("node_id:"), "{}", e.message);
     assert_eq!(p.store.leases_outstanding(), (1, 1));
+}
+
+async fn try_alloc(
+    p: &Placement,
+    c: &Caller,
+    count: u32,
+    ttl_ms: u32,
+) -> Result<pb::AllocateCpusResponse, tonic::Status> {
+    p.allocate_cpus(as_caller(
+        pb::AllocateCpusRequest {
+            node_id: "a".into(),
+            count,
+            ttl_ms,
+            ..Default::default()
+        },
+        c,
+    ))
+    .await
+    .map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn a_caller_at_its_lease_limit_is_refused_by_name_even_after_a_restart() {
+    let dir = Dir::new("limit-leases");
+    let config = || StoreConfig {
+        lease_limits: fairplace::store::OwnerLimits {
+            leases: Some(2),
+            cpus: None,
+        },
+        ..StoreConfig::default()
+    };
+    let o = who(Role::Orchestrator, "o");
+    let mallory = who(Role::Orchestrator, "mallory");
+    let first = {
+        let p = open_with(&dir, config());
+        register(&p, "a");
+        let first = try_alloc(&p, &o, 1, 60_000).await.unwrap();
+        try_alloc(&p, &o, 1, 60_000).await.unwrap();
+        let e = try_alloc(&p, &o, 1, 60_000).await.unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted);
+        assert!(
+            e.message().contains("--max-leases-per-caller 2"),
+            "{}",
+            e.message()
+        );
+        assert!(
+            e.message().contains("spiffe://fairplace/orchestrator/o"),
+            "{}",
+            e.message()
+        );
+        // Another caller is not held back by o.
+        try_alloc(&p, &mallory, 1, 60_000).await.unwrap();
+        first
+    };
+    // The count is rebuilt from the lease store.
+    let p = open_with(&dir, config());
+    register(&p, "a");
+    assert_eq!(
+        try_alloc(&p, &o, 1, 60_000).await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+    p.release_cpus(as_caller(
+        pb::ReleaseCpusRequest {
+            lease_id: first.lease_id,
+        },
+        &o,
+    ))
+    .await
+    .unwrap();
+    try_alloc(&p, &o, 1, 60_000).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_caller_is_held_to_its_leased_cpus_and_to_the_longest_ttl() {
+    let dir = Dir::new("limit-cpus");
+    let p = open_with(
+        &dir,
+        StoreConfig {
+            lease_limits: fairplace::store::OwnerLimits {
+                leases: None,
+                cpus: Some(3),
+            },
+            max_lease_ttl: Duration::from_secs(10),
+            ..StoreConfig::default()
+        },
+    );
+    register(&p, "a");
+    let o = who(Role::Orchestrator, "o");
+    let held = try_alloc(&p, &o, 2, 10_000).await.unwrap();
+    let e = try_alloc(&p, &o, 2, 10_000).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert!(
+        e.message().contains("--max-leased-cpus-per-caller 3"),
+        "{}",
+        e.message()
+    );
+    try_alloc(&p, &o, 1, 10_000).await.unwrap();
+    // Longer than --max-lease-ttl-ms: refused, for a grant and a renewal.
+    let e = try_alloc(&p, &who(Role::Orchestrator, "b"), 1, 10_001)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().starts_with("ttl_ms:") && e.message().contains("--max-lease-ttl-ms"),
+        "{}",
+        e.message()
+    );
+    let e = p
+        .renew_lease(as_caller(
+            pb::RenewLeaseRequest {
+                lease_id: held.lease_id,
+                ttl_ms: 20_000,
+            },
+            &o,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    // The default lifetime (30 s) is cut to the longest allowed.
+    let d = try_alloc(&p, &who(Role::Orchestrator, "c"), 1, 0)
+        .await
+        .unwrap();
+    assert_eq!(d.ttl_ms, 10_000);
+    assert_eq!(p.store.leases_outstanding(), (3, 4));
 }

@@ -42,8 +42,6 @@ use crate::store::{
 
 /// A lease's lifetime when the request gives none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-/// The longest lifetime a request may ask for (a day); renew for longer.
-pub const MAX_TTL_MS: u32 = 86_400_000;
 /// Longest holder name and cgroup path accepted, in bytes.
 pub const MAX_HOLDER_BYTES: usize = 256;
 pub const MAX_CGROUP_BYTES: usize = 4096;
@@ -336,7 +334,25 @@ fn invalid(field: &str, msg: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {msg}"))
 }
 
-fn check(r: &pb::AllocateCpusRequest, caller: &Caller) -> Result<Checked, Status> {
+/// A requested lifetime within `--max-lease-ttl-ms`.
+fn check_ttl(ttl_ms: u32, max: Duration) -> Result<(), Status> {
+    if ttl_ms as u128 > max.as_millis() {
+        return Err(invalid(
+            "ttl_ms",
+            format!(
+                "{ttl_ms} is out of range 0..{} (--max-lease-ttl-ms; renew for longer)",
+                max.as_millis()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check(
+    r: &pb::AllocateCpusRequest,
+    caller: &Caller,
+    max_ttl: Duration,
+) -> Result<Checked, Status> {
     let policy = Policy::parse(&r.policy).ok_or_else(|| {
         invalid(
             "policy",
@@ -364,17 +380,9 @@ fn check(r: &pb::AllocateCpusRequest, caller: &Caller) -> Result<Checked, Status
             ),
         ));
     }
-    if r.ttl_ms > MAX_TTL_MS {
-        return Err(invalid(
-            "ttl_ms",
-            format!(
-                "{} is out of range 0..{MAX_TTL_MS} (renew for longer)",
-                r.ttl_ms
-            ),
-        ));
-    }
+    check_ttl(r.ttl_ms, max_ttl)?;
     let ttl = match r.ttl_ms {
-        0 => DEFAULT_TTL,
+        0 => DEFAULT_TTL.min(max_ttl),
         t => Duration::from_millis(t as u64),
     };
     Ok(Checked {
@@ -564,7 +572,7 @@ async fn allocate_inner(
     caller: &Caller,
     r: pb::AllocateCpusRequest,
 ) -> Result<pb::AllocateCpusResponse, (&'static str, Status)> {
-    let c = check(&r, caller).map_err(|s| ("invalid", s))?;
+    let c = check(&r, caller, p.store.config.max_lease_ttl).map_err(|s| ("invalid", s))?;
     let node = choose_node(p, &r).map_err(|s| ("node", s))?;
     let now = Instant::now();
     let (snap, _) = p.fresh_snapshot(&node, now).map_err(|s| ("node", s))?;
@@ -691,12 +699,7 @@ pub async fn renew_lease(
     if r.lease_id == 0 {
         return Err(invalid("lease_id", "must not be 0"));
     }
-    if r.ttl_ms > MAX_TTL_MS {
-        return Err(invalid(
-            "ttl_ms",
-            format!("{} is out of range 0..{MAX_TTL_MS}", r.ttl_ms),
-        ));
-    }
+    check_ttl(r.ttl_ms, p.store.config.max_lease_ttl)?;
     let ttl = (r.ttl_ms > 0).then(|| Duration::from_millis(r.ttl_ms as u64));
     let (node, l, commit) = p
         .store

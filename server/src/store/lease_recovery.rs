@@ -87,7 +87,7 @@ impl Store {
                 gone.push(LeaseOp::Delete(r.id));
                 continue;
             }
-            index.insert(r.id, r.node.clone());
+            index.add(r.id, &r.node, &lease.owner, lease.cpus.weight());
             parked.entry(r.node).or_default().insert(r.id, lease);
             out.loaded += 1;
         }
@@ -137,7 +137,7 @@ impl Store {
                     for id in losers {
                         if let Some(l) = w.leases.leases.remove(&id) {
                             tracing::warn!(node = %node.id, lease = id, cpus = %l.cpus, over = lease.id, "a later lease conflicts with one the agent holds: the later one is released");
-                            self.leases.lock().remove(&id);
+                            self.leases.lock().remove(id);
                             ops.push(LeaseOp::Delete(id));
                             out.release_on_node.push(id);
                             out.ended.push(Ended {
@@ -178,7 +178,9 @@ impl Store {
     ) {
         tracing::info!(node = %node.id, lease = l.id, cpus = %l.cpus, holder = %l.holder, "lease adopted from the node's agent");
         ops.push(LeaseOp::Put(l.record(&node.id)));
-        self.leases.lock().insert(l.id, node.id.clone());
+        self.leases
+            .lock()
+            .add(l.id, &node.id, &l.owner, l.cpus.weight());
         leases.leases.insert(l.id, l);
     }
 
@@ -194,7 +196,7 @@ impl Store {
         if leases.leases.contains_key(&r.id) {
             return Verdict::Kept;
         }
-        if r.id == 0 || self.leases.lock().contains_key(&r.id) {
+        if r.id == 0 || self.leases.lock().contains(r.id) {
             return Verdict::Refuse("its id is another node's lease");
         }
         let Some(lease) = Lease::from_record(r, now, now_ms) else {

@@ -195,16 +195,126 @@ type Parked = HashMap<String, BTreeMap<u64, Lease>>;
 /// `by_id`.
 #[derive(Debug, Default)]
 pub struct LeaseIndex {
-    by_id: Mutex<HashMap<u64, String>>,
+    by_id: Mutex<Index>,
     parked: Mutex<Parked>,
+}
+
+/// Every live lease's node and owner, and what each owner holds: one
+/// lock, so a grant's check of its owner's limits and its reservation are
+/// one step.
+#[derive(Debug, Default)]
+pub(super) struct Index {
+    ids: HashMap<u64, Indexed>,
+    owners: HashMap<String, Held>,
+}
+
+#[derive(Debug)]
+struct Indexed {
+    node: String,
+    owner: String,
+    cpus: usize,
+}
+
+/// Leases and CPUs one owner holds.
+#[derive(Debug, Default, Clone, Copy)]
+struct Held {
+    leases: usize,
+    cpus: usize,
+}
+
+/// Leases and leased CPUs one caller identity may hold at once (`None`:
+/// no limit), from `--max-leases-per-caller` and
+/// `--max-leased-cpus-per-caller`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnerLimits {
+    pub leases: Option<usize>,
+    pub cpus: Option<usize>,
+}
+
+impl Default for OwnerLimits {
+    fn default() -> Self {
+        Self {
+            leases: Some(DEFAULT_MAX_LEASES_PER_CALLER),
+            cpus: None,
+        }
+    }
+}
+
+/// Default of [`OwnerLimits::leases`].
+pub const DEFAULT_MAX_LEASES_PER_CALLER: usize = 1024;
+
+impl Index {
+    pub(super) fn contains(&self, id: u64) -> bool {
+        self.ids.contains_key(&id)
+    }
+
+    /// Records lease `id` of `node`, held by `owner` on `cpus` CPUs.
+    pub(super) fn add(&mut self, id: u64, node: &str, owner: &str, cpus: usize) {
+        let held = self.owners.entry(owner.to_string()).or_default();
+        held.leases += 1;
+        held.cpus += cpus;
+        if let Some(old) = self.ids.insert(
+            id,
+            Indexed {
+                node: node.to_string(),
+                owner: owner.to_string(),
+                cpus,
+            },
+        ) {
+            self.forget_use(&old);
+        }
+    }
+
+    /// Forgets lease `id`; returns whether it was there.
+    pub(super) fn remove(&mut self, id: u64) -> bool {
+        match self.ids.remove(&id) {
+            Some(old) => {
+                self.forget_use(&old);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn forget_use(&mut self, l: &Indexed) {
+        if let Some(h) = self.owners.get_mut(&l.owner) {
+            h.leases = h.leases.saturating_sub(1);
+            h.cpus = h.cpus.saturating_sub(l.cpus);
+            if h.leases == 0 {
+                self.owners.remove(&l.owner);
+            }
+        }
+    }
+
+    /// Why `owner` may not take one more lease of `cpus` CPUs, if so.
+    fn over_limit(&self, owner: &str, cpus: usize, lim: OwnerLimits) -> Option<String> {
+        let h = self.owners.get(owner).copied().unwrap_or_default();
+        if let Some(max) = lim.leases
+            && h.leases + 1 > max
+        {
+            return Some(format!(
+                "{owner} holds {} leases, the most a caller may (--max-leases-per-caller {max})",
+                h.leases
+            ));
+        }
+        if let Some(max) = lim.cpus
+            && h.cpus + cpus > max
+        {
+            return Some(format!(
+                "{owner} holds {} leased CPUs; {cpus} more is above --max-leased-cpus-per-caller {max}",
+                h.cpus
+            ));
+        }
+        None
+    }
 }
 
 impl LeaseIndex {
     fn node_of(&self, id: u64) -> Option<String> {
-        self.lock().get(&id).cloned()
+        self.lock().ids.get(&id).map(|l| l.node.clone())
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, HashMap<u64, String>> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Index> {
         self.by_id.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -212,15 +322,25 @@ impl LeaseIndex {
         self.parked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A new id: 64 random bits, never 0, never one that is live. Reserved
-    /// in the index for `node` before it is returned.
-    fn fresh_id(&self, node: &str) -> u64 {
+    /// A new id for a lease of `owner` on `cpus` CPUs of `node`: 64 random
+    /// bits, never 0, never one that is live, reserved in the index before
+    /// it is returned; or why the owner may not take it.
+    fn reserve(
+        &self,
+        node: &str,
+        owner: &str,
+        cpus: usize,
+        lim: OwnerLimits,
+    ) -> Result<u64, Unallocatable> {
         let mut index = self.lock();
+        if let Some(why) = index.over_limit(owner, cpus, lim) {
+            return Err(Unallocatable::CallerLimit(why));
+        }
         loop {
             let id = random_u64();
-            if id != 0 && !index.contains_key(&id) {
-                index.insert(id, node.to_string());
-                return id;
+            if id != 0 && !index.contains(id) {
+                index.add(id, node, owner, cpus);
+                return Ok(id);
             }
         }
     }
@@ -240,11 +360,16 @@ fn random_u64() -> u64 {
     })
 }
 
-/// An allocation reached a node object that left the store while it was
-/// being decided (the node re-registered with another topology, or was
-/// forgotten): nothing was granted; the caller may retry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeGone;
+/// Why a decided allocation was not granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unallocatable {
+    /// The node object left the store while the allocation was decided
+    /// (the node re-registered with another topology, or was forgotten):
+    /// nothing was granted; the caller may retry.
+    NodeGone,
+    /// The caller holds as many leases or CPUs as it may; why.
+    CallerLimit(String),
+}
 
 /// A lease that ended, for the node's agent and the metrics.
 #[derive(Debug, Clone)]
@@ -281,7 +406,7 @@ impl Store {
     /// lease to make or why not. Deciding under the writer makes two
     /// concurrent allocations see each other: they never share a CPU. The
     /// returned commit makes it durable.
-    pub fn allocate_locked<T, E: From<NodeGone>>(
+    pub fn allocate_locked<T, E: From<Unallocatable>>(
         &self,
         node: &Node,
         now: Instant,
@@ -289,13 +414,19 @@ impl Store {
     ) -> Result<(T, Lease, Commit), E> {
         let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         if w.leases.retired {
-            return Err(NodeGone.into());
+            return Err(Unallocatable::NodeGone.into());
         }
         let cur = node.snapshot();
         let held = w.leases.leased();
         let (out, new) = decide(&cur, &held)?;
+        let id = self.leases.reserve(
+            &node.id,
+            &new.owner,
+            new.cpus.weight(),
+            self.config.lease_limits,
+        )?;
         let lease = Lease {
-            id: self.leases.fresh_id(&node.id),
+            id,
             cpus: new.cpus,
             policy: new.policy,
             holder: new.holder,
@@ -335,7 +466,7 @@ impl Store {
                     let cpus = base_cpus(&cur, &w);
                     let r = edit(&mut w.leases.leases);
                     if !w.leases.leases.contains_key(&id) {
-                        self.leases.lock().remove(&id);
+                        self.leases.lock().remove(id);
                         let topo = Arc::clone(&cur.topo);
                         self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
                     }
@@ -361,7 +492,7 @@ impl Store {
         let map = parked.get_mut(node_id).filter(|m| m.contains_key(&id))?;
         let r = edit(map);
         if !map.contains_key(&id) {
-            self.leases.lock().remove(&id);
+            self.leases.lock().remove(id);
         }
         if map.is_empty() {
             parked.remove(node_id);
@@ -434,7 +565,13 @@ impl Store {
 
     /// Nodes that hold leases (registered or parked), each once.
     fn lease_nodes(&self) -> Vec<String> {
-        let mut nodes: Vec<String> = self.leases.lock().values().cloned().collect();
+        let mut nodes: Vec<String> = self
+            .leases
+            .lock()
+            .ids
+            .values()
+            .map(|l| l.node.clone())
+            .collect();
         nodes.sort();
         nodes.dedup();
         nodes
@@ -489,7 +626,7 @@ impl Store {
         let mut index = self.leases.lock();
         for lid in gone {
             if let Some(lease) = map.remove(&lid) {
-                index.remove(&lid);
+                index.remove(lid);
                 ended.push(Ended {
                     node: node.to_string(),
                     lease,
@@ -539,7 +676,7 @@ impl Store {
                 w.leases.leases.insert(id, lease);
             } else {
                 self.log.submit(vec![LeaseOp::Delete(id)]).detach();
-                self.leases.lock().remove(&id);
+                self.leases.lock().remove(id);
                 ended.push(Ended {
                     node: node.id.clone(),
                     lease,

@@ -44,7 +44,10 @@ pub use cache::{CacheSummary, ProcSummary};
 pub use cluster_pass::ClusterBalanceRequest;
 pub use durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError};
 pub use lease_recovery::{Loaded, Reconciled};
-pub use leases::{Ended, Lease, LeaseRefusal, NewLease, NodeGone, Target, wall_ms};
+pub use leases::{
+    DEFAULT_MAX_LEASES_PER_CALLER, Ended, Lease, LeaseRefusal, NewLease, OwnerLimits, Target,
+    Unallocatable, wall_ms,
+};
 pub use tasks::{CpuTaskList, RuntimeEntry};
 /// The limits of one update, for agents to cut their reports to.
 pub use tasks::{
@@ -79,6 +82,10 @@ pub struct StoreConfig {
     pub max_nodes: usize,
     /// Longest node id accepted, in bytes (253: a DNS name).
     pub max_node_id_bytes: usize,
+    /// Leases and leased CPUs one caller may hold at once.
+    pub lease_limits: OwnerLimits,
+    /// The longest lifetime a grant or a renewal may ask for.
+    pub max_lease_ttl: Duration,
 }
 
 impl Default for StoreConfig {
@@ -92,10 +99,14 @@ impl Default for StoreConfig {
             cache: CacheParams::default(),
             max_nodes: DEFAULT_MAX_NODES,
             max_node_id_bytes: DEFAULT_MAX_NODE_ID_BYTES,
+            lease_limits: OwnerLimits::default(),
+            max_lease_ttl: DEFAULT_MAX_LEASE_TTL,
         }
     }
 }
 
+/// Default of [`StoreConfig::max_lease_ttl`]: a day (renew for longer).
+pub const DEFAULT_MAX_LEASE_TTL: Duration = Duration::from_secs(86_400);
 /// Default of [`StoreConfig::max_nodes`].
 pub const DEFAULT_MAX_NODES: usize = 20_000;
 /// Default of [`StoreConfig::max_node_id_bytes`]: the length of a DNS name.
