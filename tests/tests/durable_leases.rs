@@ -649,3 +649,45 @@ async fn an_allocate_cpus_whose_caller_went_away_leaves_no_lease() {
             .join("\n")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_or_expired_lease_gives_the_process_its_cpus_back() {
+    let Some(root) = TestCgroup::new("undo") else {
+        return;
+    };
+    let (_rig, c) = Rig::start(&root).await;
+    let mut sleeper = root.sleeper(120);
+    let pid = sleeper.id();
+    let before = cpus_allowed(pid);
+    // Released by its owner.
+    let r = lease(&c, "released", apply_pid(pid)).await.unwrap();
+    assert_eq!(cpus_allowed(pid), r.cpus);
+    c.release_cpus(r.lease_id).await.unwrap();
+    wait_until(
+        Duration::from_secs(5),
+        "the CPUs are back after the release",
+        || async { cpus_allowed(pid) == before },
+    )
+    .await;
+    // Expired (one second, never renewed).
+    let r = c
+        .allocate_cpus(pb::AllocateCpusRequest {
+            node_id: NODE.into(),
+            count: 1,
+            ttl_ms: 1_000,
+            apply: apply_pid(pid),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(cpus_allowed(pid), r.cpus);
+    wait_until(
+        Duration::from_secs(5),
+        "the CPUs are back after the expiry",
+        || async { cpus_allowed(pid) == before },
+    )
+    .await;
+    assert!(leases(&c).await.is_empty());
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+}

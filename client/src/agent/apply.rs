@@ -409,10 +409,64 @@ pub fn process_start(pid: u32) -> Option<u64> {
     rest.split_ascii_whitespace().nth(22 - 3)?.parse().ok()
 }
 
-/// Applies `cpulist` to `target`, if `roots` permit it (nothing is
-/// touched otherwise).
+/// The CPUs online on this machine now, as the kernel lists them.
+fn online_cpus() -> Option<Vec<usize>> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
+    parse_cpulist(s.trim()).ok()
+}
+
+/// Every CPU of a lease must be online here: the kernel would take a mask
+/// with one online CPU and pin the target to that one alone, silently.
+fn check_online(cpus: &[usize], cpulist: &str) -> Result<(), ApplyError> {
+    let Some(online) = online_cpus() else {
+        return Ok(());
+    };
+    match cpus.iter().find(|c| !online.contains(c)) {
+        Some(c) => Err(ApplyError {
+            reason: "invalid",
+            message: format!("cpus {cpulist:?}: CPU {c} is not online on this machine"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The CPUs `target` may run on now, as a cpulist: what a lease replaces,
+/// and what its end puts back.
+pub fn current_cpus(target: &Target) -> Option<String> {
+    let text = match target {
+        Target::Pid(pid) => std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+            .trim()
+            .to_string(),
+        Target::Cgroup(path) => {
+            std::fs::read_to_string(resolve_cgroup(path).ok()?.join("cpuset.cpus"))
+                .ok()?
+                .trim()
+                .to_string()
+        }
+    };
+    (!text.is_empty()).then_some(text)
+}
+
+/// The CPUs of a cgroup target's parent cgroup (what an ended lease of a
+/// cgroup falls back to); a process has none.
+pub fn parent_cpus(target: &Target) -> Option<String> {
+    let Target::Cgroup(path) = target else {
+        return None;
+    };
+    let dir = resolve_cgroup(path).ok()?;
+    let text = std::fs::read_to_string(dir.parent()?.join("cpuset.cpus")).ok()?;
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_string())
+}
+
+/// Applies `cpulist` to `target`, if `roots` permit it and this machine
+/// has every CPU of it (nothing is touched otherwise).
 pub fn apply(roots: &Roots, target: &Target, cpulist: &str) -> Result<(), ApplyError> {
     let cpus = parse_cpulist(cpulist)?;
+    check_online(&cpus, cpulist)?;
     roots.permits(target)?;
     match target {
         Target::Pid(pid) => set_process_affinity(*pid, &cpus).map(|_| ()),

@@ -45,6 +45,9 @@ pub struct HeldLease {
     pub granted_at_unix_ms: u64,
     /// The target was applied (a lease with a target is kept only then).
     pub applied: bool,
+    /// The target's CPUs before the lease (a cpulist), put back when the
+    /// lease ends; `None`: unknown (then a cgroup gets its parent's).
+    pub before: Option<String>,
     /// Applied before this machine rebooted (not stored): its target is
     /// gone whatever has its name now.
     pub stale: bool,
@@ -96,7 +99,8 @@ impl HeldLease {
         json!({"lease_id": self.id, "cpus": self.cpus, "target": target,
             "policy": self.policy, "holder": self.holder, "owner": self.owner,
             "ttl_ms": self.ttl_ms, "expires_at_unix_ms": self.expires_at_unix_ms,
-            "granted_at_unix_ms": self.granted_at_unix_ms, "applied": self.applied})
+            "granted_at_unix_ms": self.granted_at_unix_ms, "applied": self.applied,
+            "before": self.before})
     }
 
     fn from_json(v: &Value) -> Result<HeldLease, String> {
@@ -136,6 +140,7 @@ impl HeldLease {
             applied: v["applied"]
                 .as_bool()
                 .ok_or_else(|| format!("lease {id}: applied: not a bool"))?,
+            before: v["before"].as_str().map(str::to_string),
             stale: false,
         })
     }
@@ -291,7 +296,14 @@ mod tests {
             expires_at_unix_ms: expires,
             granted_at_unix_ms: 1,
             stale: false,
+            before: target_before(id),
         }
+    }
+
+    /// Some leases carry the CPUs they replaced, some do not: both survive
+    /// a round trip.
+    fn target_before(id: u64) -> Option<String> {
+        (id % 2 == 0).then(|| "0-3".to_string())
     }
 
     #[test]

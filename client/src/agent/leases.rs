@@ -18,7 +18,7 @@ use fairplace_proto::v1 as pb;
 use pb::agent_message::Body;
 
 use super::LeaseSettings;
-use super::apply::{ApplyError, Roots, Target, apply, process_start};
+use super::apply::{ApplyError, Roots, Target, apply, current_cpus, parent_cpus, process_start};
 use super::checkpoint::{self, HeldLease};
 
 /// Whether an Ack is the server's push (grants, releases, renewals), not
@@ -118,7 +118,10 @@ impl Applier {
     pub fn on_push(&mut self, a: &pb::Ack) -> Vec<pb::AgentMessage> {
         let mut changed = false;
         for id in &a.released {
-            changed |= self.leases.remove(id).is_some();
+            if let Some(h) = self.leases.remove(id) {
+                self.undo(&h);
+                changed = true;
+            }
             self.gone.remove(id);
         }
         for r in &a.renewed {
@@ -170,6 +173,12 @@ impl Applier {
             self.gone.insert(g.lease_id);
             return Some(gone(g.lease_id, &t));
         }
+        // What the lease replaces, to put back when it ends: read before
+        // the first application only (a re-application keeps the first).
+        let before = match self.leases.get(&g.lease_id) {
+            Some(h) if h.applied => h.before.clone(),
+            _ => current_cpus(&t),
+        };
         let r = apply(&self.roots, &t, &g.cpus);
         match &r {
             Ok(()) => {
@@ -178,6 +187,7 @@ impl Applier {
                     .increment(1);
                 let mut held = HeldLease::from_grant(g, Some(t.clone()));
                 held.applied = true;
+                held.before = before;
                 if let Target::Pid(p) = t {
                     held.pid_start = process_start(p);
                 }
@@ -191,6 +201,38 @@ impl Applier {
             }
         }
         Some(outcome(g.lease_id, r))
+    }
+
+    /// A lease ended (released or expired): its target gets back the CPUs
+    /// it had before (a cgroup whose earlier CPUs are unknown, its
+    /// parent's), so the next lease of these CPUs has them alone. Not when
+    /// another lease still holds the same target, nor when the target is no
+    /// longer the one applied to (gone, or a reused pid), nor outside the
+    /// roots.
+    fn undo(&self, h: &HeldLease) {
+        let Some(t) = h.target.as_ref().filter(|_| h.applied) else {
+            return;
+        };
+        if !alive(h)
+            || self
+                .leases
+                .values()
+                .any(|o| o.applied && o.target.as_ref() == Some(t))
+        {
+            return;
+        }
+        let back = h.before.clone().or_else(|| parent_cpus(t));
+        let Some(back) = back else {
+            return;
+        };
+        match apply(&self.roots, t, &back) {
+            Ok(()) => {
+                tracing::info!(lease = h.id, target = ?t, cpus = %back, "lease ended: CPUs put back")
+            }
+            Err(e) => {
+                tracing::warn!(lease = h.id, target = ?t, cpus = %back, reason = e.reason, message = %e.message, "lease ended: its CPUs could not be put back")
+            }
+        }
     }
 
     /// Applied leases whose target disappeared: each is reported `gone`
@@ -393,5 +435,35 @@ mod tests {
         assert_eq!(allowed(pid), before);
         assert!(a.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_ended_lease_puts_the_cpus_back_and_cpus_this_machine_lacks_pin_nothing() {
+        let child = Sleeper::start();
+        let pid = child.pid();
+        let before = allowed(pid);
+        let mut a = Applier::in_memory("n", own_roots());
+        // CPU 4095 is on no machine this runs on: refused whole, not a pin
+        // to the CPUs that exist.
+        let mut g = grant(31, Some(pb::apply_target::Target::Pid(pid)));
+        g.cpus = "0,4095".into();
+        let out = a.on_push(&pb::Ack {
+            grants: vec![g],
+            ..Default::default()
+        });
+        assert_eq!(outcomes(&out), vec![(31, false, "invalid".to_string())]);
+        assert_eq!(allowed(pid), before);
+        // A lease on CPU 0, then its end: the affinity it replaced is back.
+        let out = a.on_push(&pb::Ack {
+            grants: vec![grant(32, Some(pb::apply_target::Target::Pid(pid)))],
+            ..Default::default()
+        });
+        assert_eq!(outcomes(&out), vec![(32, true, String::new())]);
+        assert_eq!(allowed(pid), "0");
+        a.on_push(&pb::Ack {
+            released: vec![32],
+            ..Default::default()
+        });
+        assert_eq!(allowed(pid), before, "released: the CPUs it had before");
     }
 }
