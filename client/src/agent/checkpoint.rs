@@ -303,7 +303,7 @@ mod tests {
     /// Some leases carry the CPUs they replaced, some do not: both survive
     /// a round trip.
     fn target_before(id: u64) -> Option<String> {
-        (id % 2 == 0).then(|| "0-3".to_string())
+        id.is_multiple_of(2).then(|| "0-3".to_string())
     }
 
     #[test]
