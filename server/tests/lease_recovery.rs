@@ -676,3 +676,40 @@ async fn a_caller_is_held_to_its_leased_cpus_and_to_the_longest_ttl() {
     assert_eq!(d.ttl_ms, 10_000);
     assert_eq!(p.store.leases_outstanding(), (3, 4));
 }
+
+#[tokio::test]
+async fn a_lease_released_while_its_agent_was_away_is_not_brought_back_by_it() {
+    let dir = Dir::new("tombstone");
+    let o = who(Role::Orchestrator, "o");
+    let held_copy = {
+        let p = open(&dir);
+        register(&p, "a");
+        let l = alloc(&p, &o, 1, 60_000).await;
+        let node = p.store.get("a").unwrap();
+        let copy = p.store.leases_of(&node)[0].record("a");
+        p.release_cpus(as_caller(
+            pb::ReleaseCpusRequest {
+                lease_id: l.lease_id,
+            },
+            &o,
+        ))
+        .await
+        .unwrap();
+        // The agent missed the release and reports the lease it still holds.
+        let r = p.store.reconcile_leases(&node, std::slice::from_ref(&copy));
+        assert_eq!((r.adopted, r.conflicts), (0, 1));
+        assert_eq!(r.release_on_node, vec![l.lease_id]);
+        assert!(p.store.leases_of(&node).is_empty());
+        copy
+    };
+    // The tombstone is durable: a restarted server refuses it too.
+    let p = open(&dir);
+    register(&p, "a");
+    let node = p.store.get("a").unwrap();
+    let r = p
+        .store
+        .reconcile_leases(&node, std::slice::from_ref(&held_copy));
+    assert_eq!(r.adopted, 0);
+    assert_eq!(r.release_on_node, vec![held_copy.id]);
+    assert_eq!(p.store.leases_outstanding(), (0, 0));
+}

@@ -12,8 +12,9 @@
 //!   adopted (committed to the log as if granted again);
 //! - overlapping a live lease: the one granted later is released on the
 //!   node, the conflict logged and counted;
-//! - expired, naming another node's lease, or unreadable: released on the
-//!   node.
+//! - expired, ended early while the agent was away (a tombstone, kept
+//!   until the expiry the lease had), naming another node's lease, or
+//!   unreadable: released on the node.
 //!
 //! Leases the server knows and the agent does not report are sent to it
 //! again by the service after registration (applied again).
@@ -69,14 +70,26 @@ enum Verdict {
 
 impl Store {
     /// Reads the log once at start: live leases are parked under their
-    /// nodes, expired and unreadable ones are deleted.
+    /// nodes, expired and unreadable ones are deleted, tombstones still in
+    /// their time kept (the others deleted).
     pub fn load_leases(&self, now: Instant) -> Result<Loaded, LogError> {
         let now_ms = unix_ms_now();
         let mut out = Loaded::default();
         let mut gone = Vec::new();
+        let stored = self.log.load()?;
+        {
+            let mut ended = self.leases.ended();
+            for (id, until) in stored.ended {
+                if until > now_ms {
+                    ended.insert(id, until);
+                } else {
+                    gone.push(LeaseOp::Delete(id));
+                }
+            }
+        }
         let mut parked = self.leases.parked();
         let mut index = self.leases.lock();
-        for r in self.log.load()? {
+        for r in stored.leases {
             let Some(lease) = Lease::from_record(&r, now, now_ms) else {
                 out.unreadable += 1;
                 gone.push(LeaseOp::Delete(r.id));
@@ -138,7 +151,7 @@ impl Store {
                         if let Some(l) = w.leases.leases.remove(&id) {
                             tracing::warn!(node = %node.id, lease = id, cpus = %l.cpus, over = lease.id, "a later lease conflicts with one the agent holds: the later one is released");
                             self.leases.lock().remove(id);
-                            ops.push(LeaseOp::Delete(id));
+                            ops.push(self.end_op(&l));
                             out.release_on_node.push(id);
                             out.ended.push(Ended {
                                 node: node.id.clone(),
@@ -195,6 +208,9 @@ impl Store {
     ) -> Verdict {
         if leases.leases.contains_key(&r.id) {
             return Verdict::Kept;
+        }
+        if self.leases.ended().contains_key(&r.id) {
+            return Verdict::Refuse("it ended while the agent was away");
         }
         if r.id == 0 || self.leases.lock().contains(r.id) {
             return Verdict::Refuse("its id is another node's lease");

@@ -197,6 +197,9 @@ type Parked = HashMap<String, BTreeMap<u64, Lease>>;
 pub struct LeaseIndex {
     by_id: Mutex<Index>,
     parked: Mutex<Parked>,
+    /// Leases that ended early, until the expiry they had: an agent that
+    /// missed the end reports them again, and they are not adopted.
+    ended: Mutex<HashMap<u64, u64>>,
 }
 
 /// Every live lease's node and owner, and what each owner holds: one
@@ -320,6 +323,10 @@ impl LeaseIndex {
 
     pub(super) fn parked(&self) -> MutexGuard<'_, Parked> {
         self.parked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn ended(&self) -> MutexGuard<'_, HashMap<u64, u64>> {
+        self.ended.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A new id for a lease of `owner` on `cpus` CPUs of `node`: 64 random
@@ -511,7 +518,7 @@ impl Store {
         let mut edit = |m: &mut BTreeMap<u64, Lease>| {
             let l = m.get(&id).ok_or(None)?;
             may(l).map_err(Some)?;
-            let commit = self.log.submit(vec![LeaseOp::Delete(id)]);
+            let commit = self.log.submit(vec![self.end_op(l)]);
             let lease = m.remove(&id).ok_or(None)?;
             Ok((lease, commit))
         };
@@ -541,6 +548,32 @@ impl Store {
         };
         let (lease, commit) = settle(self.edit_lease(id, &mut edit))?;
         Ok((node, lease, commit))
+    }
+
+    /// The op that ends `l` before its time, with its tombstone kept (in
+    /// memory and in the log) until the expiry it had.
+    pub(super) fn end_op(&self, l: &Lease) -> LeaseOp {
+        let until_ms = wall_ms(l.expires);
+        self.leases.ended().insert(l.id, until_ms);
+        LeaseOp::End { id: l.id, until_ms }
+    }
+
+    /// Forgets the tombstones whose time passed, in memory and in the log.
+    fn prune_ended(&self) {
+        let now_ms = unix_ms_now();
+        let mut ended = self.leases.ended();
+        let past: Vec<u64> = ended
+            .iter()
+            .filter(|(_, until)| **until <= now_ms)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &past {
+            ended.remove(id);
+        }
+        drop(ended);
+        self.log
+            .submit(past.into_iter().map(LeaseOp::Delete).collect())
+            .detach();
     }
 
     /// Records the agent's confirmation of a lease (durably, without
@@ -580,6 +613,7 @@ impl Store {
     /// Drops leases whose time ended, registered and parked; returns them.
     /// Visits only the nodes that hold leases.
     pub fn expire_leases(&self, now: Instant) -> Vec<Ended> {
+        self.prune_ended();
         let mut ended = Vec::new();
         for id in self.lease_nodes() {
             if let Some(node) = self.get(&id) {
@@ -675,7 +709,7 @@ impl Store {
             if fits {
                 w.leases.leases.insert(id, lease);
             } else {
-                self.log.submit(vec![LeaseOp::Delete(id)]).detach();
+                self.log.submit(vec![self.end_op(&lease)]).detach();
                 self.leases.lock().remove(id);
                 ended.push(Ended {
                     node: node.id.clone(),

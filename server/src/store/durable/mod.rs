@@ -49,8 +49,21 @@ pub struct LeaseRecord {
 pub enum LeaseOp {
     /// A grant, a renewal or an adoption: the record, whole.
     Put(LeaseRecord),
-    /// A release, an expiry or a conflict: the lease is gone.
+    /// A lease ended before its time (released, its target gone, lost a
+    /// conflict): gone, with a tombstone kept until `until_ms` (the expiry
+    /// it had), so a node's agent that missed the end and still holds it
+    /// cannot bring it back.
+    End { id: u64, until_ms: u64 },
+    /// An expiry, or a tombstone past its time: the id is forgotten.
     Delete(u64),
+}
+
+/// What the log keeps: the live leases, and the tombstones of the ones
+/// that ended early (id, kept until, wall-clock ms).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub leases: Vec<LeaseRecord>,
+    pub ended: Vec<(u64, u64)>,
 }
 
 /// Why the log could not load or commit.
@@ -104,8 +117,8 @@ impl Commit {
 /// one [`LeaseLog::submit`] atomically, batches in submission order, and
 /// never block the caller of `submit`.
 pub trait LeaseLog: Send + Sync + 'static {
-    /// Every record kept, once at start.
-    fn load(&self) -> Result<Vec<LeaseRecord>, LogError>;
+    /// Every record and tombstone kept, once at start.
+    fn load(&self) -> Result<Stored, LogError>;
     /// Queues `ops` for commit and returns at once.
     fn submit(&self, ops: Vec<LeaseOp>) -> Commit;
     /// What and where it is, for the start-up log line.
@@ -117,8 +130,8 @@ pub trait LeaseLog: Send + Sync + 'static {
 pub struct MemoryLog;
 
 impl LeaseLog for MemoryLog {
-    fn load(&self) -> Result<Vec<LeaseRecord>, LogError> {
-        Ok(Vec::new())
+    fn load(&self) -> Result<Stored, LogError> {
+        Ok(Stored::default())
     }
 
     fn submit(&self, _ops: Vec<LeaseOp>) -> Commit {

@@ -19,11 +19,13 @@ use std::time::Instant;
 use redb::{Database, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError};
+use super::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError, Stored};
 
 /// Lease id -> the record as JSON (a format a person can read with any
 /// redb tool, and that can gain fields without a migration).
 const LEASES: TableDefinition<u64, &[u8]> = TableDefinition::new("leases");
+/// Lease id -> until when its tombstone is kept (wall-clock ms).
+const ENDED: TableDefinition<u64, u64> = TableDefinition::new("ended");
 /// The database file under the state directory.
 pub const FILE: &str = "leases.redb";
 /// Batches taken into one transaction at most (a bound on one commit's work).
@@ -76,6 +78,7 @@ impl RedbLog {
         // tell "empty" from "missing".
         let txn = db.begin_write().map_err(|e| err("begin", e))?;
         txn.open_table(LEASES).map_err(|e| err("open table", e))?;
+        txn.open_table(ENDED).map_err(|e| err("open table", e))?;
         txn.commit().map_err(|e| err("commit", e))?;
         let db = std::sync::Arc::new(db);
         let (queue, rx) = mpsc::channel();
@@ -123,6 +126,7 @@ fn write(db: &Database, batches: &[Batch]) -> Result<(), LogError> {
     let txn = db.begin_write().map_err(|e| err("begin", e))?;
     {
         let mut t = txn.open_table(LEASES).map_err(|e| err("open table", e))?;
+        let mut ended = txn.open_table(ENDED).map_err(|e| err("open table", e))?;
         for op in batches.iter().flat_map(|b| &b.ops) {
             match op {
                 LeaseOp::Put(r) => {
@@ -130,8 +134,13 @@ fn write(db: &Database, batches: &[Batch]) -> Result<(), LogError> {
                     t.insert(r.id, json.as_slice())
                         .map_err(|e| err("insert", e))?;
                 }
+                LeaseOp::End { id, until_ms } => {
+                    t.remove(*id).map_err(|e| err("remove", e))?;
+                    ended.insert(*id, *until_ms).map_err(|e| err("insert", e))?;
+                }
                 LeaseOp::Delete(id) => {
                     t.remove(*id).map_err(|e| err("remove", e))?;
+                    ended.remove(*id).map_err(|e| err("remove", e))?;
                 }
             }
         }
@@ -140,7 +149,7 @@ fn write(db: &Database, batches: &[Batch]) -> Result<(), LogError> {
 }
 
 impl LeaseLog for RedbLog {
-    fn load(&self) -> Result<Vec<LeaseRecord>, LogError> {
+    fn load(&self) -> Result<Stored, LogError> {
         let txn = self.db.begin_read().map_err(|e| err("begin read", e))?;
         let t = txn.open_table(LEASES).map_err(|e| err("open table", e))?;
         let mut out = Vec::new();
@@ -155,7 +164,13 @@ impl LeaseLog for RedbLog {
                 }
             }
         }
-        Ok(out)
+        let e = txn.open_table(ENDED).map_err(|e| err("open table", e))?;
+        let mut ended = Vec::new();
+        for entry in e.iter().map_err(|e| err("read", e))? {
+            let (k, v) = entry.map_err(|e| err("read", e))?;
+            ended.push((k.value(), v.value()));
+        }
+        Ok(Stored { leases: out, ended })
     }
 
     fn submit(&self, ops: Vec<LeaseOp>) -> Commit {
@@ -212,12 +227,26 @@ mod tests {
                 c.wait().await.unwrap();
             }
             log.submit(vec![LeaseOp::Delete(2)]).wait().await.unwrap();
+            log.submit(vec![LeaseOp::End {
+                id: 3,
+                until_ms: 99,
+            }])
+            .wait()
+            .await
+            .unwrap();
         }
         let log = RedbLog::open(&dir).unwrap();
-        let mut ids: Vec<u64> = log.load().unwrap().iter().map(|r| r.id).collect();
-        ids.sort();
-        assert_eq!(ids, vec![1, 3]);
-        assert_eq!(log.load().unwrap()[0], record(1));
+        let stored = log.load().unwrap();
+        let ids: Vec<u64> = stored.leases.iter().map(|r| r.id).collect();
+        assert_eq!(ids, vec![1]);
+        assert_eq!(stored.leases[0], record(1));
+        assert_eq!(
+            stored.ended,
+            vec![(3, 99)],
+            "an early end leaves a tombstone"
+        );
+        log.submit(vec![LeaseOp::Delete(3)]).wait().await.unwrap();
+        assert!(log.load().unwrap().ended.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
