@@ -657,7 +657,7 @@ fn refusal(id: u64, r: LeaseRefusal<Status>) -> Status {
 
 fn no_lease(id: u64) -> Status {
     Status::not_found(format!(
-        "lease_id: no live lease {id} (never granted, released, expired, or its node forgotten)"
+        "lease_id: no live lease {id} (never granted, released, expired, or ended with its target)"
     ))
 }
 
