@@ -82,21 +82,6 @@ pub struct NoRoom {
     pub message: String,
 }
 
-impl From<crate::store::Unallocatable> for NoRoom {
-    fn from(u: crate::store::Unallocatable) -> NoRoom {
-        match u {
-            crate::store::Unallocatable::NodeGone => NoRoom {
-                reason: "node",
-                message: "node_id: the node re-registered or was forgotten during the allocation; nothing was granted, retry".into(),
-            },
-            crate::store::Unallocatable::CallerLimit(why) => NoRoom {
-                reason: "caller_limit",
-                message: format!("count: {why}"),
-            },
-        }
-    }
-}
-
 /// The CPUs chosen, in order, each with the step that chose it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Grant {

@@ -101,19 +101,7 @@ fn as_caller<T>(msg: T, c: &Caller) -> Request<T> {
 }
 
 async fn alloc(p: &Placement, c: &Caller, count: u32, ttl_ms: u32) -> pb::AllocateCpusResponse {
-    p.allocate_cpus(as_caller(
-        pb::AllocateCpusRequest {
-            node_id: "a".into(),
-            count,
-            holder: format!("job-{count}"),
-            ttl_ms,
-            ..Default::default()
-        },
-        c,
-    ))
-    .await
-    .unwrap()
-    .into_inner()
+    try_alloc(p, c, count, ttl_ms).await.unwrap()
 }
 
 fn mask(list: &str) -> Vec<u32> {
@@ -563,6 +551,7 @@ async fn try_alloc(
         pb::AllocateCpusRequest {
             node_id: "a".into(),
             count,
+            holder: format!("job-{count}"),
             ttl_ms,
             ..Default::default()
         },

@@ -37,7 +37,7 @@ use crate::engine::state::Task;
 use crate::metrics as m;
 use crate::store::{
     Commit, Ended, Lease, LeaseRecord, LeaseRefusal, NewLease, Node, Reconciled, Store, Target,
-    wall_ms,
+    Unallocatable, wall_ms,
 };
 
 /// A lease's lifetime when the request gives none.
@@ -465,6 +465,22 @@ fn node_task(
         ));
     }
     Ok(task)
+}
+
+/// A grant the store would not make, as the policies' refusal.
+impl From<Unallocatable> for NoRoom {
+    fn from(u: Unallocatable) -> NoRoom {
+        match u {
+            Unallocatable::NodeGone => NoRoom {
+                reason: "node",
+                message: "node_id: the node re-registered or was forgotten during the allocation; nothing was granted, retry".into(),
+            },
+            Unallocatable::CallerLimit(why) => NoRoom {
+                reason: "caller_limit",
+                message: format!("count: {why}"),
+            },
+        }
+    }
 }
 
 /// A lease granted but not answered yet. Dropped before
