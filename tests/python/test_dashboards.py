@@ -83,7 +83,8 @@ def stack(stubs):
 
 def traffic(stubs, addr, seconds):
     """Decisions of every kind, claims, migration checks, node and rack
-    balance passes and some bad input, spread over several scrapes."""
+    balance passes, leases granted and released, and some bad input, spread
+    over several scrapes."""
     pl, ty, ad = stubs["placement"], stubs["types"], stubs["admin"]
     with grpc.insecure_channel(addr) as ch:
         p = stubs["placement_grpc"].PlacementServiceStub(ch)
@@ -109,6 +110,9 @@ def traffic(stubs, addr, seconds):
                 b = p.Balance(pl.BalanceRequest(node_id=node), timeout=5)
                 assert b.domains_balanced + b.domains_declined > 0
                 p.Balance(pl.BalanceRequest(cluster_level="rack", cluster_group="z1/r1"), timeout=5)
+                # A lease's life: the lease panels and the store's commits.
+                lease = p.AllocateCpus(pl.AllocateCpusRequest(node_id=node, count=1, holder="dashboards"), timeout=5)
+                p.ReleaseCpus(pl.ReleaseCpusRequest(lease_id=lease.lease_id), timeout=5)
             for bad in (pl.PickCpuRequest(node_id="nope"), pl.PickCpuRequest(node_id=node, this_cpu=99)):
                 try:
                     p.PickCpu(bad, timeout=2)
