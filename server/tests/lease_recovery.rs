@@ -702,3 +702,33 @@ async fn a_lease_released_while_its_agent_was_away_is_not_brought_back_by_it() {
     assert_eq!(r.release_on_node, vec![held_copy.id]);
     assert_eq!(p.store.leases_outstanding(), (0, 0));
 }
+
+#[tokio::test]
+async fn tombstones_leave_the_lease_store_once_past_the_expiry_they_kept() {
+    use fairplace::store::LeaseLog;
+    let dir = Dir::new("prune");
+    let o = who(Role::Orchestrator, "o");
+    let kept = {
+        let p = open(&dir);
+        register(&p, "a");
+        let short = alloc(&p, &o, 1, 300).await;
+        let long = alloc(&p, &o, 1, 60_000).await;
+        for id in [short.lease_id, long.lease_id] {
+            p.release_cpus(as_caller(pb::ReleaseCpusRequest { lease_id: id }, &o))
+                .await
+                .unwrap();
+        }
+        // Past the short lease's expiry and the pruning interval.
+        std::thread::sleep(Duration::from_millis(1_300));
+        p.store.expire_leases(Instant::now());
+        long.lease_id
+    };
+    let stored = RedbLog::open(&dir.0).unwrap().load().unwrap();
+    let ids: Vec<u64> = stored.ended.iter().map(|e| e.0).collect();
+    assert_eq!(
+        ids,
+        vec![kept],
+        "only the tombstone still in its time: {stored:?}"
+    );
+    assert!(stored.leases.is_empty());
+}

@@ -200,7 +200,14 @@ pub struct LeaseIndex {
     /// Leases that ended early, until the expiry they had: an agent that
     /// missed the end reports them again, and they are not adopted.
     ended: Mutex<HashMap<u64, u64>>,
+    /// When the tombstones were last pruned (wall-clock ms).
+    pruned_at_ms: std::sync::atomic::AtomicU64,
 }
+
+/// Tombstones are pruned at most this often: a busy server may hold many
+/// (one per early end within a lease's lifetime), and a scan of them every
+/// expiry tick would cost more than they save.
+const PRUNE_EVERY_MS: u64 = 1_000;
 
 /// Every live lease's node and owner, and what each owner holds: one
 /// lock, so a grant's check of its owner's limits and its reservation are
@@ -560,17 +567,21 @@ impl Store {
 
     /// Forgets the tombstones whose time passed, in memory and in the log.
     fn prune_ended(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
         let now_ms = unix_ms_now();
-        let mut ended = self.leases.ended();
-        let past: Vec<u64> = ended
-            .iter()
-            .filter(|(_, until)| **until <= now_ms)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in &past {
-            ended.remove(id);
+        let last = self.leases.pruned_at_ms.load(Relaxed);
+        if now_ms < last.saturating_add(PRUNE_EVERY_MS) {
+            return;
         }
-        drop(ended);
+        self.leases.pruned_at_ms.store(now_ms, Relaxed);
+        let mut past = Vec::new();
+        self.leases.ended().retain(|id, until| {
+            let keep = *until > now_ms;
+            if !keep {
+                past.push(*id);
+            }
+            keep
+        });
         self.log
             .submit(past.into_iter().map(LeaseOp::Delete).collect())
             .detach();
