@@ -273,14 +273,7 @@ async fn only_the_owner_or_an_admin_renews_or_releases() {
     ))
     .await
     .unwrap();
-    p.release_cpus(as_caller(
-        pb::ReleaseCpusRequest {
-            lease_id: l.lease_id,
-        },
-        &admin,
-    ))
-    .await
-    .unwrap();
+    release(&p, &admin, l.lease_id).await;
     assert_eq!(p.store.leases_outstanding(), (0, 0));
 }
 
@@ -294,14 +287,7 @@ async fn ids_are_random_and_a_guessed_id_is_not_found_and_changes_nothing() {
     for _ in 0..200 {
         let l = alloc(&p, &o, 1, 60_000).await;
         ids.push(l.lease_id);
-        p.release_cpus(as_caller(
-            pb::ReleaseCpusRequest {
-                lease_id: l.lease_id,
-            },
-            &o,
-        ))
-        .await
-        .unwrap();
+        release(&p, &o, l.lease_id).await;
     }
     let mut sorted = ids.clone();
     sorted.sort();
@@ -541,6 +527,13 @@ async fn a_node_replaced_by_another_topology_keeps_its_leases_and_its_old_object
     assert_eq!(p.store.leases_outstanding(), (1, 1));
 }
 
+/// ReleaseCpus by `c`, which must succeed.
+async fn release(p: &Placement, c: &Caller, lease_id: u64) {
+    p.release_cpus(as_caller(pb::ReleaseCpusRequest { lease_id }, c))
+        .await
+        .unwrap();
+}
+
 async fn try_alloc(
     p: &Placement,
     c: &Caller,
@@ -601,14 +594,7 @@ async fn a_caller_at_its_lease_limit_is_refused_by_name_even_after_a_restart() {
         try_alloc(&p, &o, 1, 60_000).await.unwrap_err().code(),
         Code::ResourceExhausted
     );
-    p.release_cpus(as_caller(
-        pb::ReleaseCpusRequest {
-            lease_id: first.lease_id,
-        },
-        &o,
-    ))
-    .await
-    .unwrap();
+    release(&p, &o, first.lease_id).await;
     try_alloc(&p, &o, 1, 60_000).await.unwrap();
 }
 
@@ -676,14 +662,7 @@ async fn a_lease_released_while_its_agent_was_away_is_not_brought_back_by_it() {
         let l = alloc(&p, &o, 1, 60_000).await;
         let node = p.store.get("a").unwrap();
         let copy = p.store.leases_of(&node)[0].record("a");
-        p.release_cpus(as_caller(
-            pb::ReleaseCpusRequest {
-                lease_id: l.lease_id,
-            },
-            &o,
-        ))
-        .await
-        .unwrap();
+        release(&p, &o, l.lease_id).await;
         // The agent missed the release and reports the lease it still holds.
         let r = p.store.reconcile_leases(&node, std::slice::from_ref(&copy));
         assert_eq!((r.adopted, r.conflicts), (0, 1));
@@ -714,9 +693,7 @@ async fn tombstones_leave_the_lease_store_once_past_the_expiry_they_kept() {
         let short = alloc(&p, &o, 1, 300).await;
         let long = alloc(&p, &o, 1, 60_000).await;
         for id in [short.lease_id, long.lease_id] {
-            p.release_cpus(as_caller(pb::ReleaseCpusRequest { lease_id: id }, &o))
-                .await
-                .unwrap();
+            release(&p, &o, id).await;
         }
         // Past the short lease's expiry and the pruning interval.
         std::thread::sleep(Duration::from_millis(1_300));
