@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use fairplace::service::heavy::default_workers as default_heavy_workers;
+use fairplace::service::layers::StreamCaps;
 use fairplace::service::listener::ListenOpts;
 use fairplace::service::{LeaseStorage, ServeConfig, shutdown_signal};
 use fairplace::store::StoreConfig;
@@ -150,6 +151,30 @@ struct ServeArgs {
     /// A Report stream must send its Register within this long (ms).
     #[arg(long, default_value_t = 10_000, value_parser = positive_u64)]
     register_timeout_ms: u64,
+    /// Connections open at once on each port (gRPC, health), screening
+    /// included; more are closed at accept.
+    #[arg(long, default_value_t = ListenOpts::default().max_connections, value_parser = positive_usize)]
+    max_connections: usize,
+    /// Connections open at once from one peer address on each port.
+    #[arg(long, default_value_t = ListenOpts::default().max_connections_per_peer, value_parser = positive_usize)]
+    max_connections_per_peer: usize,
+    /// HTTP/2 streams one connection may have open at once.
+    #[arg(long, default_value_t = fairplace::service::DEFAULT_MAX_STREAMS_PER_CONNECTION, value_parser = clap::value_parser!(u32).range(1..))]
+    max_streams_per_connection: u32,
+    /// AgentService.Report streams open at once; more are refused with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = StreamCaps::default().agent, value_parser = positive_usize)]
+    max_agent_streams: usize,
+    /// Report streams waiting for their Register at once.
+    #[arg(long, default_value_t = fairplace::service::agent::DEFAULT_MAX_PENDING_REGISTRATIONS, value_parser = positive_usize)]
+    max_pending_registrations: usize,
+    /// grpc.health.v1 Watch streams open at once (both ports together);
+    /// Check is never limited.
+    #[arg(long, default_value_t = StreamCaps::default().health_watch, value_parser = positive_usize)]
+    max_health_watches: usize,
+    /// Server reflection streams open at once.
+    #[arg(long, default_value_t = StreamCaps::default().reflection, value_parser = positive_usize)]
+    max_reflection_streams: usize,
     /// A new connection must send the HTTP/2 preface within this long (ms).
     #[arg(long, default_value_t = 10_000, value_parser = positive_u64)]
     preface_timeout_ms: u64,
@@ -306,8 +331,17 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
         shutdown_grace: Duration::from_millis(a.shutdown_grace_ms),
         listen: ListenOpts {
             screen_timeout: Duration::from_millis(a.preface_timeout_ms),
+            max_connections: a.max_connections,
+            max_connections_per_peer: a.max_connections_per_peer,
             ..ListenOpts::default()
         },
+        max_streams_per_connection: a.max_streams_per_connection,
+        streams: StreamCaps {
+            agent: a.max_agent_streams,
+            health_watch: a.max_health_watches,
+            reflection: a.max_reflection_streams,
+        },
+        max_pending_registrations: a.max_pending_registrations,
         heavy_workers,
         heavy_queue: a.heavy_queue.unwrap_or(4 * heavy_workers),
         tls: tls_settings(&a)?,

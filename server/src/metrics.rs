@@ -56,10 +56,13 @@ pub const LEASES_RECOVERED: &str = "fairplace_leases_recovered_total";
 pub const LEASE_COMMIT_SECONDS: &str = "fairplace_lease_store_commit_seconds";
 pub const LEASE_COMMIT_BATCHES: &str = "fairplace_lease_store_commit_batches";
 pub const LEASE_STORE_ERRORS: &str = "fairplace_lease_store_errors_total";
+pub const CONNECTIONS_OPEN: &str = "fairplace_connections_open";
+pub const CONNECTIONS_REFUSED: &str = "fairplace_connections_refused_total";
+pub const STREAMS_OPEN: &str = "fairplace_streams_open";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 50] = [
+pub const ALL: [(&str, &str, &str); 53] = [
     (
         DECISIONS,
         "counter",
@@ -98,7 +101,7 @@ pub const ALL: [(&str, &str, &str); 50] = [
     (
         RPC_SHED,
         "counter",
-        "gRPC requests refused at once with RESOURCE_EXHAUSTED by the concurrency limit.",
+        "gRPC requests refused at once with RESOURCE_EXHAUSTED, by limit: concurrency, heavy, agent_streams, health_watches, reflection_streams.",
     ),
     (
         NODES,
@@ -306,6 +309,21 @@ pub const ALL: [(&str, &str, &str); 50] = [
         "counter",
         "Lease-store commits that failed (their RPCs answered UNAVAILABLE).",
     ),
+    (
+        CONNECTIONS_OPEN,
+        "gauge",
+        "TCP connections open on the gRPC and health ports, from accept (screening included) to close.",
+    ),
+    (
+        CONNECTIONS_REFUSED,
+        "counter",
+        "Connections closed at accept, by the cap they hit: total (--max-connections), per_peer (--max-connections-per-peer), screening (too many still sending their preface or TLS handshake).",
+    ),
+    (
+        STREAMS_OPEN,
+        "gauge",
+        "Long-lived streams open, by kind: agent (AgentService.Report), health_watch (grpc.health.v1 Watch), reflection.",
+    ),
 ];
 
 /// Records one task_cache_work pass.
@@ -386,6 +404,11 @@ pub fn install(addr: SocketAddr) -> Result<SocketAddr, String> {
         LEASE_STORE_ERRORS,
     ] {
         metrics::counter!(name).absolute(0);
+    }
+    metrics::gauge!(CONNECTIONS_OPEN).set(0.0);
+    metrics::counter!(CONNECTIONS_REFUSED, "limit" => "per_peer").absolute(0);
+    for kind in ["agent", "health_watch", "reflection"] {
+        metrics::gauge!(STREAMS_OPEN, "kind" => kind).set(0.0);
     }
     metrics::counter!(CLAIMS_BY_CALLER, "caller" => "anonymous").absolute(0);
     for p in crate::alloc::Policy::ALL {

@@ -610,6 +610,16 @@ pub fn cpus_allowed(pid: u32) -> String {
         .unwrap_or_default()
 }
 
+/// Resident memory of process `pid` (VmRSS), in KiB; 0 once it is gone.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A free loopback port (bound, then closed), for a server that must come
 /// back on the same address.
 pub fn free_port() -> u16 {

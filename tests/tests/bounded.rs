@@ -424,11 +424,7 @@ fn healthz_is_ok_while_serving_and_metrics_answers_only_get() {
 
 /// Resident set size of a process, in MiB.
 fn rss_mib(pid: u32) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
+    fairplace_e2e::rss_kib(pid) as f64 / 1024.0
 }
 
 /// CPU time (user + system) a process has used, in seconds.
@@ -532,7 +528,8 @@ fn flood_figures() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50_000);
-    let server = Server::start(&[]);
+    // Thousands of simulated agents share 4 connections here.
+    let server = Server::start(&["--max-streams-per-connection", "100000"]);
     let pid = server.child.id();
     let scrape = || {
         let mut times = Vec::new();

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fairplace_client::Client;
-use fairplace_e2e::{Agent, Server, http_get};
+use fairplace_e2e::{Agent, Server, http_get, rss_kib};
 
 /// The agent's default --interval-ms.
 const INTERVAL: Duration = Duration::from_millis(1000);
@@ -196,15 +196,6 @@ impl Drop for Load {
             let _ = t.join();
         }
     }
-}
-
-/// VmRSS of a process, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status of a child");
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
 }
 
 /// The sum of a counter's series on the server's /metrics.

@@ -147,6 +147,26 @@ enum Cmd {
         #[arg(long, default_value_t = 2000)]
         unknown_methods: usize,
     },
+    /// Memory and Ping/PickCpu latency under a stream flood from one peer:
+    /// health Watch streams and Report streams that never register, over
+    /// many connections; on a server with its default limits, and in the
+    /// same run on one with them lifted (the baseline).
+    Flood {
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Connections the flood opens (all from 127.0.0.1).
+        #[arg(long, default_value_t = 1000)]
+        connections: usize,
+        /// Health Watch streams it asks for.
+        #[arg(long, default_value_t = 40_000)]
+        watches: usize,
+        /// Report streams it opens and never registers.
+        #[arg(long, default_value_t = 10_000)]
+        reports: usize,
+        /// Skip the server with its limits lifted.
+        #[arg(long)]
+        bounded_only: bool,
+    },
     /// Resident memory with many registered nodes.
     Memory {
         #[arg(long, default_value_t = 10_000)]
@@ -234,7 +254,28 @@ impl Server {
         }
     }
 
+    /// A server for the load phases: its limits raised where one
+    /// generator stands for many clients (thousands of simulated agents
+    /// over a few connections, every caller in flight at once).
     fn start_with(cpus: &str, threads: usize, extra: &[String]) -> Server {
+        let mut args: Vec<String> = [
+            "--stale-after-ms",
+            "3600000",
+            "--max-concurrency",
+            "100000",
+            "--max-message-bytes",
+            "67108864",
+            "--max-streams-per-connection",
+            "100000",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend_from_slice(extra);
+        Self::spawn(cpus, threads, &args)
+    }
+
+    /// A server with its own defaults but for `extra`.
+    fn spawn(cpus: &str, threads: usize, extra: &[String]) -> Server {
         let exe = std::env::current_exe().expect("own path");
         let bin = exe.with_file_name("fairplace-server");
         assert!(
@@ -256,12 +297,6 @@ impl Server {
                 "127.0.0.1:0",
                 "--metrics-addr",
                 "127.0.0.1:0",
-                "--stale-after-ms",
-                "3600000",
-                "--max-concurrency",
-                "100000",
-                "--max-message-bytes",
-                "67108864",
             ])
             .args(["--worker-threads".to_string(), threads.to_string()])
             .args(extra)
@@ -296,13 +331,7 @@ impl Server {
     }
 
     fn rss_kib(&self) -> u64 {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        s.lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        rss_of(self.child.id())
     }
 }
 
@@ -693,6 +722,43 @@ async fn main() {
             )
             .await
         }
+        Cmd::Flood {
+            seconds,
+            connections,
+            watches,
+            reports,
+            bounded_only,
+        } => {
+            drop(server);
+            let shape = FloodShape {
+                seconds,
+                connections,
+                watches,
+                reports,
+            };
+            let mut runs = vec![("default limits", Vec::new())];
+            if !bounded_only {
+                let lifted = [
+                    "--max-connections-per-peer",
+                    "1000000",
+                    "--max-connections",
+                    "1000000",
+                    "--max-streams-per-connection",
+                    "1000000",
+                    "--max-health-watches",
+                    "1000000",
+                    "--max-agent-streams",
+                    "1000000",
+                    "--max-pending-registrations",
+                    "1000000",
+                ];
+                runs.push(("limits lifted", lifted.map(String::from).to_vec()));
+            }
+            for (name, extra) in runs {
+                let server = Server::spawn(&args.server_cpus, args.server_threads, &extra);
+                flood(&server, name, &shape).await;
+            }
+        }
         Cmd::Memory {
             nodes,
             cpus,
@@ -815,11 +881,9 @@ fn http_body(url: &str) -> String {
     body
 }
 
-async fn attack(server: &Server, seconds: u64, deciders: usize, idle: usize, unknown: usize) {
-    let _reporter = load_node(channel(&server.grpc).await).await;
-    let metrics_url = format!("http://{}/metrics", server.metrics);
-    let probe = Client::from_channel(channel(&server.grpc).await);
-    let pick = || pb::PickCpuRequest {
+/// PickCpu for the node `load`, a wakeup.
+fn load_pick() -> pb::PickCpuRequest {
+    pb::PickCpuRequest {
         node_id: "load".into(),
         task: Some(pb::Task {
             prev_cpu: Some(17),
@@ -828,30 +892,36 @@ async fn attack(server: &Server, seconds: u64, deciders: usize, idle: usize, unk
         kind: pb::RequestKind::Wakeup as i32,
         this_cpu: 3,
         ..Default::default()
-    };
-    // One caller, back to back: what a probe or an orchestrator sees.
-    let measure = |secs: u64| {
-        let probe = probe.clone();
-        async move {
-            let mut ping = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-            let mut pickh = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-            let mut errors = 0u64;
-            let end = Instant::now() + Duration::from_secs(secs);
-            while Instant::now() < end {
-                let t0 = Instant::now();
-                match probe.ping().await {
-                    Ok(()) => ping.record(t0.elapsed().as_nanos() as u64).unwrap(),
-                    Err(_) => errors += 1,
-                }
-                let t0 = Instant::now();
-                match probe.pick_cpu(pick()).await {
-                    Ok(_) => pickh.record(t0.elapsed().as_nanos() as u64).unwrap(),
-                    Err(_) => errors += 1,
-                }
-            }
-            (ping, pickh, errors)
+    }
+}
+
+/// One caller, back to back for `secs`: Ping then PickCpu, what a probe or
+/// an orchestrator sees; their latencies (ns) and the errors.
+async fn probe_latency(probe: &Client, secs: u64) -> (Histogram<u64>, Histogram<u64>, u64) {
+    let mut ping = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    let mut pickh = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    let mut errors = 0u64;
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        match probe.ping().await {
+            Ok(()) => ping.record(t0.elapsed().as_nanos() as u64).unwrap(),
+            Err(_) => errors += 1,
         }
-    };
+        let t0 = Instant::now();
+        match probe.pick_cpu(load_pick()).await {
+            Ok(_) => pickh.record(t0.elapsed().as_nanos() as u64).unwrap(),
+            Err(_) => errors += 1,
+        }
+    }
+    (ping, pickh, errors)
+}
+
+async fn attack(server: &Server, seconds: u64, deciders: usize, idle: usize, unknown: usize) {
+    let _reporter = load_node(channel(&server.grpc).await).await;
+    let metrics_url = format!("http://{}/metrics", server.metrics);
+    let probe = Client::from_channel(channel(&server.grpc).await);
+    let measure = |secs| probe_latency(&probe, secs);
     let series_before = series_count(&metrics_url);
     let (ping0, pick0, e0) = measure(seconds).await;
     println!(
@@ -939,6 +1009,161 @@ async fn attack(server: &Server, seconds: u64, deciders: usize, idle: usize, unk
         conns.len()
     );
     println!("metrics series: {series_before} before, {series_after} after the attack");
+}
+
+struct FloodShape {
+    seconds: u64,
+    connections: usize,
+    watches: usize,
+    reports: usize,
+}
+
+/// How the flood's streams fared.
+#[derive(Default)]
+struct FloodCounts {
+    opened: AtomicU64,
+    refused: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl FloodCounts {
+    fn line(&self, asked: usize) -> String {
+        let (o, r, f) = (
+            self.opened.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        );
+        let waiting = (asked as u64).saturating_sub(o + r + f);
+        format!("{o} open, {r} refused (RESOURCE_EXHAUSTED), {f} failed, {waiting} still waiting")
+    }
+
+    fn record<T>(&self, r: &Result<T, tonic::Status>) {
+        let c = match r {
+            Ok(_) => &self.opened,
+            Err(s) if s.code() == tonic::Code::ResourceExhausted => &self.refused,
+            Err(_) => &self.failed,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Opens Watch streams and unregistered Report streams over many
+/// connections and holds them, measuring the server's memory and a
+/// probe's latency before and during.
+async fn flood(server: &Server, name: &str, shape: &FloodShape) {
+    let _reporter = load_node(channel(&server.grpc).await).await;
+    let probe = Client::from_channel(channel(&server.grpc).await);
+    let (ping0, pick0, e0) = probe_latency(&probe, shape.seconds).await;
+    let rss0 = server.rss_kib();
+    println!(
+        "# fairplace-load flood, {name}: {} Watch + {} Report streams over {} connections",
+        shape.watches, shape.reports, shape.connections
+    );
+    let mut chans = Vec::new();
+    let mut refused_conns = 0;
+    for _ in 0..shape.connections {
+        match Endpoint::from_shared(format!("http://{}", server.grpc))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+        {
+            Ok(c) => chans.push(c),
+            Err(_) => refused_conns += 1,
+        }
+    }
+    if chans.is_empty() {
+        println!("no connection opened");
+        return;
+    }
+    let (watches, reports) = (
+        Arc::new(FloodCounts::default()),
+        Arc::new(FloodCounts::default()),
+    );
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let mut tasks = Vec::new();
+    for i in 0..shape.watches + shape.reports {
+        let ch = chans[i % chans.len()].clone();
+        let stop = Arc::clone(&stop);
+        let (watches, reports) = (Arc::clone(&watches), Arc::clone(&reports));
+        let watch = i < shape.watches;
+        tasks.push(tokio::spawn(async move {
+            let held = if watch {
+                let mut c = tonic_health::pb::health_client::HealthClient::new(ch);
+                let r = c
+                    .watch(tonic_health::pb::HealthCheckRequest::default())
+                    .await;
+                watches.record(&r);
+                r.ok().map(|s| Box::new(s) as Box<dyn Send>)
+            } else {
+                // A Report stream that never sends its Register.
+                let mut c = pb::agent_service_client::AgentServiceClient::new(ch);
+                let r = c.report(tokio_stream::pending::<pb::AgentMessage>()).await;
+                reports.record(&r);
+                r.ok().map(|s| Box::new(s) as Box<dyn Send>)
+            };
+            stop.notified().await;
+            drop(held);
+        }));
+    }
+    // Let the flood reach its height, then measure under it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The highest resident memory seen while the probe runs.
+    let peak = Arc::new(AtomicU64::new(server.rss_kib()));
+    let sampler = {
+        let (pid, peak) = (server.child.id(), Arc::clone(&peak));
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(rss_of(pid), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let (ping1, pick1, e1) = probe_latency(&probe, shape.seconds).await;
+    sampler.abort();
+    let peak = peak.load(Ordering::Relaxed).max(server.rss_kib());
+    // The server's own account of what it refused.
+    let refusals: Vec<String> = http_body(&format!("http://{}/metrics", server.metrics))
+        .lines()
+        .filter(|l| {
+            l.starts_with("fairplace_connections_refused_total{")
+                || l.starts_with("fairplace_rpc_load_shed_total{")
+        })
+        .map(String::from)
+        .collect();
+    println!(
+        "connections: {} open, {refused_conns} refused; watch streams: {}; report streams: {}",
+        chans.len(),
+        watches.line(shape.watches),
+        reports.line(shape.reports)
+    );
+    println!("server's refusals: {}", refusals.join("; "));
+    println!(
+        "server RSS: {:.1} MiB idle, {:.1} MiB under the flood (+{:.1} MiB)",
+        rss0 as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        peak.saturating_sub(rss0) as f64 / 1024.0
+    );
+    println!(
+        "idle: ping p99 {:.1} µs, pick_cpu p99 {:.1} µs, errors {e0}; flood: ping p99 {:.1} µs, pick_cpu p99 {:.1} µs, errors {e1}",
+        pct(&ping0, 0.99),
+        pct(&pick0, 0.99),
+        pct(&ping1, 0.99),
+        pct(&pick1, 0.99)
+    );
+    stop.notify_waiters();
+    for t in tasks {
+        t.abort();
+    }
+}
+
+fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 async fn ingest(

@@ -38,7 +38,15 @@ pub struct Agent {
     pub stopping: watch::Receiver<bool>,
     /// Leases to apply go to the node's stream through here.
     pub hub: Arc<super::allocate::LeaseHub>,
+    /// Streams opened and not yet registered: each costs a stream and a
+    /// task for up to `register_timeout` before anyone has said who it is,
+    /// so they are capped apart from registered ones (bounded by the
+    /// store's node limit).
+    pub pending: Arc<tokio::sync::Semaphore>,
 }
+
+/// Report streams that may wait for their Register at once, by default.
+pub const DEFAULT_MAX_PENDING_REGISTRATIONS: usize = 4096;
 
 /// Leases an agent may report holding at registration (a node's CPUs, and
 /// then some: every lease holds at least one CPU).
@@ -125,10 +133,15 @@ impl ReportStream {
         let _ = self.tx.send(Err(Box::new(s))).await;
     }
 
-    async fn run(mut self, mut inbound: Streaming<pb::AgentMessage>, register_timeout: Duration) {
-        let Some((node, generation, held)) =
-            self.accept_register(&mut inbound, register_timeout).await
-        else {
+    async fn run(
+        mut self,
+        mut inbound: Streaming<pb::AgentMessage>,
+        register_timeout: Duration,
+        pending: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let registered = self.accept_register(&mut inbound, register_timeout).await;
+        drop(pending);
+        let Some((node, generation, held)) = registered else {
             return;
         };
         tracing::info!(node = %node.id, cpus = node.spec.cpus.len(), "agent registered");
@@ -446,6 +459,13 @@ impl AgentService for Agent {
         &self,
         req: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<AckStream>, Status> {
+        let Ok(pending) = Arc::clone(&self.pending).try_acquire_owned() else {
+            rejected("pending_registrations");
+            return Err(Status::resource_exhausted(
+                "server busy: the limit of Report streams waiting for their Register \
+                 (--max-pending-registrations) is reached; retry later",
+            ));
+        };
         let caller = Caller::of(req.extensions());
         let inbound = req.into_inner();
         // Acks are small and the agent waits for them; errors are boxed so
@@ -459,7 +479,7 @@ impl AgentService for Agent {
             caller,
             hub: Arc::clone(&self.hub),
         };
-        tokio::spawn(stream.run(inbound, self.register_timeout));
+        tokio::spawn(stream.run(inbound, self.register_timeout, pending));
         Ok(Response::new(Box::pin(
             ReceiverStream::new(rx).map(|r| r.map_err(|s| *s)),
         )))

@@ -1,5 +1,6 @@
 //! tower layers around every gRPC service: load shedding under a concurrency
-//! limit, and request metrics. (The per-request timeout is tonic's own.)
+//! limit, caps on long-lived streams, and request metrics. (The per-request
+//! timeout is tonic's own.)
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -118,6 +119,182 @@ where
             let r = fut.await;
             drop((permit, heavy));
             r
+        })
+    }
+}
+
+/// Caps on the streams that stay open for as long as the client wants:
+/// the concurrency limit counts a call until its handler returns, which for
+/// a stream is at once, so these are counted until the response body ends.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamCaps {
+    /// AgentService.Report streams (one per connected agent).
+    pub agent: usize,
+    /// grpc.health.v1 Watch streams, over the gRPC and health ports together.
+    pub health_watch: usize,
+    /// Server reflection streams.
+    pub reflection: usize,
+}
+
+impl Default for StreamCaps {
+    fn default() -> Self {
+        Self {
+            // Room for the default node limit (20,000) with reconnects
+            // overlapping their old streams.
+            agent: 24_576,
+            // A probe or a mesh sidecar each hold one.
+            health_watch: 256,
+            reflection: 64,
+        }
+    }
+}
+
+/// One kind of long-lived stream and its cap.
+struct StreamPool {
+    kind: &'static str,
+    shed_as: &'static str,
+    message: &'static str,
+    open: Arc<Semaphore>,
+}
+
+/// Holds a slot for each long-lived stream until its response body ends
+/// (finished, or dropped when the client resets it); a stream over its cap
+/// is refused at once with RESOURCE_EXHAUSTED naming the flag. Shared by the
+/// gRPC and health ports, so the caps are totals.
+#[derive(Clone)]
+pub struct StreamLimitLayer {
+    pools: Arc<[StreamPool; 3]>,
+}
+
+impl StreamLimitLayer {
+    pub fn new(caps: StreamCaps) -> Self {
+        let pool = |kind, shed_as, message, n: usize| StreamPool {
+            kind,
+            shed_as,
+            message,
+            open: Arc::new(Semaphore::new(n.max(1))),
+        };
+        Self {
+            pools: Arc::new([
+                pool(
+                    "agent",
+                    "agent_streams",
+                    "server busy: the limit of open Report streams (--max-agent-streams) is reached, retry later",
+                    caps.agent,
+                ),
+                pool(
+                    "health_watch",
+                    "health_watches",
+                    "server busy: the limit of open health Watch streams (--max-health-watches) is reached; use Check, or retry later",
+                    caps.health_watch,
+                ),
+                pool(
+                    "reflection",
+                    "reflection_streams",
+                    "server busy: the limit of open reflection streams (--max-reflection-streams) is reached, retry later",
+                    caps.reflection,
+                ),
+            ]),
+        }
+    }
+
+    /// The pool of a long-lived stream's path; None for every other call.
+    fn pool_of(&self, path: &str) -> Option<&StreamPool> {
+        let i = match path {
+            "/fairplace.v1.AgentService/Report" => 0,
+            "/grpc.health.v1.Health/Watch" => 1,
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+            | "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo" => 2,
+            _ => return None,
+        };
+        Some(&self.pools[i])
+    }
+}
+
+impl<S> Layer<S> for StreamLimitLayer {
+    type Service = StreamLimit<S>;
+    fn layer(&self, inner: S) -> StreamLimit<S> {
+        StreamLimit {
+            inner,
+            limits: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct StreamLimit<S> {
+    inner: S,
+    limits: StreamLimitLayer,
+}
+
+/// A stream's slot: counted in `fairplace_streams_open` while held.
+struct StreamSlot {
+    kind: &'static str,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        metrics::gauge!(m::STREAMS_OPEN, "kind" => self.kind).decrement(1.0);
+    }
+}
+
+/// A response body that keeps its stream's slot until it is dropped.
+struct SlotBody {
+    inner: tonic::body::Body,
+    _slot: StreamSlot,
+}
+
+impl http_body::Body for SlotBody {
+    type Data = <tonic::body::Body as http_body::Body>::Data;
+    type Error = <tonic::body::Body as http_body::Body>::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<S, B> Service<http::Request<B>> for StreamLimit<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let Some(pool) = self.limits.pool_of(req.uri().path()) else {
+            return Box::pin(self.inner.call(req));
+        };
+        let Ok(permit) = Arc::clone(&pool.open).try_acquire_owned() else {
+            return shed(pool.shed_as, pool.message);
+        };
+        metrics::gauge!(m::STREAMS_OPEN, "kind" => pool.kind).increment(1.0);
+        let slot = StreamSlot {
+            kind: pool.kind,
+            _permit: permit,
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|inner| tonic::body::Body::new(SlotBody { inner, _slot: slot })))
         })
     }
 }

@@ -11,14 +11,27 @@
 //! - An accept error (EMFILE, ENFILE, ENOBUFS: out of descriptors or memory)
 //!   backs off, from 5 ms doubling to 1 s, and is logged once per 10 s with a
 //!   count, instead of retrying in a busy loop that logs every attempt.
+//! - Connections are capped in total and per peer address, from accept to
+//!   close (screening included): one client cannot hold every socket and
+//!   the HTTP/2 state behind them. A connection over a cap is closed at
+//!   once and counted by the cap it hit.
 //! - The loop ends when tonic stops taking connections (shutdown).
 
+use std::collections::HashMap;
 use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::Connected;
+
+use crate::metrics as m;
 
 /// The HTTP/2 client connection preface (RFC 9113 section 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -30,6 +43,10 @@ pub struct ListenOpts {
     pub screen_timeout: Duration,
     /// Connections screened at once.
     pub max_screening: usize,
+    /// Connections open at once, screening included.
+    pub max_connections: usize,
+    /// Connections open at once from one peer address.
+    pub max_connections_per_peer: usize,
 }
 
 impl Default for ListenOpts {
@@ -37,17 +54,144 @@ impl Default for ListenOpts {
         Self {
             screen_timeout: Duration::from_secs(10),
             max_screening: 4096,
+            // An agent holds one connection: room for the default node
+            // limit's worth of agents and their orchestrators.
+            max_connections: 16_384,
+            // Enough for a load generator or a proxy, far from what it
+            // takes to exhaust the server (each connection's HTTP/2 state
+            // is bounded by max_concurrent_streams and the windows).
+            max_connections_per_peer: 512,
         }
     }
 }
 
+/// The connections open on one listener, in total and per peer address.
+struct ConnLimits {
+    total: Arc<Semaphore>,
+    per_peer: Mutex<HashMap<IpAddr, usize>>,
+    max_per_peer: usize,
+}
+
+impl ConnLimits {
+    fn new(opts: &ListenOpts) -> Arc<Self> {
+        Arc::new(Self {
+            total: Arc::new(Semaphore::new(opts.max_connections.max(1))),
+            per_peer: Mutex::new(HashMap::new()),
+            max_per_peer: opts.max_connections_per_peer.max(1),
+        })
+    }
+
+    /// A slot for a new connection from `peer`, or the cap it hits.
+    fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<ConnSlot, &'static str> {
+        let Ok(total) = Arc::clone(&self.total).try_acquire_owned() else {
+            return Err("total");
+        };
+        let mut per_peer = self.per_peer.lock().unwrap_or_else(|e| e.into_inner());
+        let n = per_peer.entry(peer).or_insert(0);
+        if *n >= self.max_per_peer {
+            return Err("per_peer");
+        }
+        *n += 1;
+        metrics::gauge!(m::CONNECTIONS_OPEN).increment(1.0);
+        Ok(ConnSlot {
+            limits: Arc::clone(self),
+            peer,
+            _total: total,
+        })
+    }
+}
+
+/// One admitted connection's place under the caps, given back on drop.
+struct ConnSlot {
+    limits: Arc<ConnLimits>,
+    peer: IpAddr,
+    _total: OwnedSemaphorePermit,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        metrics::gauge!(m::CONNECTIONS_OPEN).decrement(1.0);
+        let mut per_peer = self
+            .limits
+            .per_peer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = per_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// A screened connection that keeps its slot under the caps until tonic
+/// drops it.
+pub struct Counted<T> {
+    inner: T,
+    _slot: ConnSlot,
+}
+
+impl<T: Connected> Connected for Counted<T> {
+    type ConnectInfo = T::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+fn refused(limit: &'static str) {
+    metrics::counter!(m::CONNECTIONS_REFUSED, "limit" => limit).increment(1);
+}
+
 /// Accepts connections on `listener` and yields those that `screen` passes
-/// within the timeout, screening them concurrently.
+/// within the timeout, screening them concurrently, each holding its place
+/// under the connection caps until it closes.
 pub fn incoming<T, F, Fut>(
     listener: TcpListener,
     opts: ListenOpts,
     screen: F,
-) -> ReceiverStream<io::Result<T>>
+) -> ReceiverStream<io::Result<Counted<T>>>
 where
     T: Send + 'static,
     F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
@@ -87,31 +231,41 @@ async fn accept_loop<T, F, Fut>(
     listener: TcpListener,
     opts: ListenOpts,
     screen: F,
-    tx: mpsc::Sender<io::Result<T>>,
+    tx: mpsc::Sender<io::Result<Counted<T>>>,
 ) where
     T: Send + 'static,
     F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = io::Result<T>> + Send + 'static,
 {
-    let screening = std::sync::Arc::new(Semaphore::new(opts.max_screening.max(1)));
+    let screening = Arc::new(Semaphore::new(opts.max_screening.max(1)));
+    let limits = ConnLimits::new(&opts);
     let mut backoff = AcceptBackoff::default();
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
             _ = tx.closed() => return,
         };
-        let stream = match accepted {
-            Ok((s, _)) => {
+        let (stream, peer) = match accepted {
+            Ok((s, peer)) => {
                 backoff.reset();
-                s
+                (s, peer)
             }
             Err(e) => {
                 backoff.failed(&e).await;
                 continue;
             }
         };
-        let Ok(permit) = std::sync::Arc::clone(&screening).try_acquire_owned() else {
+        let slot = match limits.admit(peer.ip()) {
+            Ok(slot) => slot,
+            Err(limit) => {
+                // Over a cap: closed at once, before any work is done for it.
+                refused(limit);
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&screening).try_acquire_owned() else {
             // Too many connections still proving themselves: close this one.
+            refused("screening");
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -121,8 +275,8 @@ async fn accept_loop<T, F, Fut>(
         tokio::spawn(async move {
             let r = tokio::time::timeout(timeout, fut).await;
             drop(permit);
-            if let Ok(Ok(conn)) = r {
-                let _ = tx.send(Ok(conn)).await;
+            if let Ok(Ok(inner)) = r {
+                let _ = tx.send(Ok(Counted { inner, _slot: slot })).await;
             }
         });
     }

@@ -56,6 +56,13 @@ pub struct ServeConfig {
     pub health_listener: Option<Arc<std::net::TcpListener>>,
     /// Where leases are kept durably.
     pub leases: LeaseStorage,
+    /// HTTP/2 streams one connection may have open at once
+    /// (SETTINGS_MAX_CONCURRENT_STREAMS; a client queues beyond it).
+    pub max_streams_per_connection: u32,
+    /// Long-lived streams open at once, by kind.
+    pub streams: layers::StreamCaps,
+    /// Report streams waiting for their Register at once.
+    pub max_pending_registrations: usize,
 }
 
 /// Where a server keeps its leases.
@@ -86,9 +93,16 @@ impl Default for ServeConfig {
             trust_domain: "fairplace".into(),
             health_listener: None,
             leases: LeaseStorage::Memory,
+            max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
+            streams: layers::StreamCaps::default(),
+            max_pending_registrations: agent::DEFAULT_MAX_PENDING_REGISTRATIONS,
         }
     }
 }
+
+/// HTTP/2 streams per connection by default: an agent uses one, an
+/// orchestrator's channel queues its calls beyond this many.
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 256;
 
 /// The store `cfg` describes, its leases loaded from the lease store (the
 /// expired ones ended); an unusable state directory is an error here,
@@ -169,6 +183,9 @@ pub async fn serve_store(
         register_timeout: cfg.register_timeout,
         stopping: stopping.clone(),
         hub: Arc::clone(&hub),
+        pending: Arc::new(tokio::sync::Semaphore::new(
+            cfg.max_pending_registrations.max(1),
+        )),
     })
     .max_decoding_message_size(max);
     let admin = AdminServiceServer::new(admin::Admin {
@@ -182,12 +199,15 @@ pub async fn serve_store(
     let sweeper = tokio::spawn(housekeeping(Arc::clone(&store)));
     let lease_expiry = allocate::spawn_expiry(Arc::clone(&store), hub);
 
+    // One set of stream caps for both ports: they are totals.
+    let stream_limits = layers::StreamLimitLayer::new(cfg.streams);
     let layers = tower::ServiceBuilder::new()
         .layer(layers::MetricsLayer)
         // The role table: who may call what (everyone without --client-ca).
         .layer(identity::AuthLayer::new(
             cfg.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
         ))
+        .layer(stream_limits.clone())
         .layer(layers::ShedLayer::new(
             cfg.max_concurrency,
             cfg.heavy_workers + cfg.heavy_queue,
@@ -202,11 +222,18 @@ pub async fn serve_store(
         .transpose()?;
     let tls_watch = tls.as_ref().map(|t| t.spawn_watch());
     let health_only = match &cfg.health_listener {
-        Some(l) => Some(serve_health_only(l, health_service.clone(), cfg.listen)?),
+        Some(l) => Some(serve_health_only(
+            l,
+            health_service.clone(),
+            &cfg,
+            stream_limits,
+        )?),
         None => None,
     };
     let router = Server::builder()
         .timeout(cfg.request_timeout)
+        // Each connection's streams are bounded, so its HTTP/2 state is.
+        .max_concurrent_streams(Some(cfg.max_streams_per_connection.max(1)))
         // A silently dropped agent connection is noticed and its stream ended.
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
@@ -271,17 +298,27 @@ type Serving = std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport
 /// Serves grpc.health.v1 alone, in plaintext, on its own listener: the
 /// kubelet's gRPC probes present no client certificate. It reports what the
 /// main port's health service reports (NOT_SERVING from shutdown on).
+/// It is bounded as the main port is: connection caps, streams per
+/// connection, and the same Watch cap.
 fn serve_health_only(
     l: &std::net::TcpListener,
     health: HealthServer<impl Health>,
-    listen: listener::ListenOpts,
+    cfg: &ServeConfig,
+    streams: layers::StreamLimitLayer,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let l = l.try_clone()?;
     l.set_nonblocking(true)?;
     let l = TcpListener::from_std(l)?;
-    let incoming = listener::incoming(l, listen, listener::http2_preface);
+    let incoming = listener::incoming(l, cfg.listen, listener::http2_preface);
+    let max_streams = cfg.max_streams_per_connection.max(1);
+    let timeout = cfg.request_timeout;
     Ok(tokio::spawn(async move {
         if let Err(e) = Server::builder()
+            .timeout(timeout)
+            .max_concurrent_streams(Some(max_streams))
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .layer(streams)
             .add_service(health)
             .serve_with_incoming(incoming)
             .await
