@@ -317,6 +317,16 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
     store.cache.aggr_tolerance = a.cache_aggr_tolerance;
     store.cache.overaggr_pct = a.cache_overaggr_pct;
     store.cache.imb_pct = a.cache_imb_pct;
+    // An empty token would let anyone who sends an empty bearer through:
+    // usually an unset variable in a manifest, never what was meant.
+    if a.admin_token
+        .as_deref()
+        .is_some_and(|t| t.trim().is_empty())
+    {
+        return Err(
+            "--admin-token (FAIRPLACE_ADMIN_TOKEN): empty; set a secret, or leave it unset".into(),
+        );
+    }
     let heavy_workers = match a.heavy_workers {
         0 => default_heavy_workers(),
         n => n,

@@ -209,8 +209,20 @@ pub struct Agent {
 
 impl Agent {
     /// An agent with a checkpoint of its own (a fresh temporary
-    /// `--state-dir`) unless `args` names one.
+    /// `--state-dir`) unless `args` names one; over plaintext (no
+    /// `--tls-ca`) it applies leases (`--insecure-apply`), as a local trial
+    /// does.
     pub fn start(server: &str, args: &[&str]) -> Agent {
+        let mut args = args.to_vec();
+        if !args.contains(&"--tls-ca") {
+            args.push("--insecure-apply");
+        }
+        Agent::spawn(server, &args)
+    }
+
+    /// An agent with exactly these flags (and its own checkpoint unless
+    /// `args` names one).
+    pub fn spawn(server: &str, args: &[&str]) -> Agent {
         let state = (!args.contains(&"--state-dir")).then(|| StateDir::new("agent"));
         let mut cmd = Command::new(bin("fairplace-agent"));
         cmd.args(["--server", server]).args(args);

@@ -378,7 +378,17 @@ fn over_long_ids_are_refused_and_errors_quote_a_short_prefix() {
 
 #[test]
 fn zero_limits_are_refused_at_startup_naming_the_flag() {
-    for flag in ["--max-nodes", "--max-node-id-bytes"] {
+    for flag in [
+        "--max-nodes",
+        "--max-node-id-bytes",
+        "--max-connections",
+        "--max-connections-per-peer",
+        "--max-streams-per-connection",
+        "--max-agent-streams",
+        "--max-pending-registrations",
+        "--max-health-watches",
+        "--max-reflection-streams",
+    ] {
         let out = std::process::Command::new(bin("fairplace-server"))
             .args([
                 "serve",
@@ -393,6 +403,33 @@ fn zero_limits_are_refused_at_startup_naming_the_flag() {
         assert!(!out.status.success(), "{flag} 0 was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(flag), "{err}");
+    }
+}
+
+#[test]
+fn an_empty_admin_token_is_refused_at_startup() {
+    for (how, token) in [("flag", ""), ("flag", "  "), ("env", "")] {
+        let mut cmd = std::process::Command::new(bin("fairplace-server"));
+        cmd.args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--lease-store",
+            "memory",
+        ]);
+        match how {
+            "flag" => cmd.arg(format!("--admin-token={token}")),
+            _ => cmd.env("FAIRPLACE_ADMIN_TOKEN", token),
+        };
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{how} {token:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--admin-token") && err.contains("empty"),
+            "{err}"
+        );
     }
 }
 

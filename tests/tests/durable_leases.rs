@@ -549,6 +549,48 @@ async fn targets_outside_the_apply_roots_are_refused_and_nothing_changes() {
     }
 }
 
+/// The agent obeys only a server it can trust: over plaintext, without
+/// `--insecure-apply`, a grant naming a process is refused (whoever sent
+/// it: a server that took the address could), and the process keeps its
+/// CPUs. A lease without a target is still recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_agent_without_insecure_apply_pins_nothing() {
+    let Some(root) = TestCgroup::new("plaintext") else {
+        return;
+    };
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server_state = StateDir::new("plaintext-server");
+    let _server = start_server(&addr, &server_state);
+    let _agent = Agent::spawn(
+        &addr,
+        &[
+            "--node-id",
+            NODE,
+            "--interval-ms",
+            "100",
+            "--apply-cgroup-root",
+            root.path(),
+        ],
+    );
+    let c = Client::connect(&addr).await.unwrap();
+    wait_fresh(&c).await;
+    let mut child = root.sleeper(120);
+    let before = cpus_allowed(child.id());
+    let e = lease(&c, "victim", apply_pid(child.id()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("--insecure-apply"), "{}", e.message());
+    assert_eq!(cpus_allowed(child.id()), before, "the process was pinned");
+    assert!(leases(&c).await.is_empty(), "a refused lease was left");
+    let recorded = lease(&c, "no-target", None)
+        .await
+        .expect("a lease without a target");
+    assert_eq!(leases(&c).await.len(), 1, "{recorded:?}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registration_holding_more_leases_than_a_node_can_hold_is_refused_by_name() {
     let server = Server::start(&[]);

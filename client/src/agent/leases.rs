@@ -65,6 +65,7 @@ pub struct Applier {
     /// process has the pid now.
     gone: BTreeSet<u64>,
     roots: Roots,
+    may_apply: bool,
     state_file: Option<PathBuf>,
     node_id: String,
     /// The count last added to the `leases_held` gauge (several streams
@@ -84,6 +85,7 @@ impl Applier {
             leases: leases.into_iter().map(|l| (l.id, l)).collect(),
             gone: BTreeSet::new(),
             roots: settings.roots.clone(),
+            may_apply: settings.may_apply,
             state_file: settings.state_file.clone(),
             node_id: node_id.to_string(),
             published: 0,
@@ -92,13 +94,14 @@ impl Applier {
         a
     }
 
-    /// An applier without a state file.
+    /// An applier without a state file that applies under `roots`.
     pub fn in_memory(node_id: &str, roots: Roots) -> Applier {
         Applier::new(
             node_id,
             &LeaseSettings {
                 state_file: None,
                 roots,
+                may_apply: true,
             },
         )
     }
@@ -150,6 +153,16 @@ impl Applier {
                 .insert(g.lease_id, HeldLease::from_grant(g, None));
             return None;
         };
+        if !self.may_apply {
+            self.leases.remove(&g.lease_id);
+            return Some(outcome(
+                g.lease_id,
+                Err(ApplyError {
+                    reason: "permission_denied",
+                    message: super::APPLY_NEEDS_TRUST.into(),
+                }),
+            ));
+        }
         let Some(t) = Target::from_pb(pt) else {
             self.leases.remove(&g.lease_id);
             return Some(outcome(
@@ -372,11 +385,40 @@ mod tests {
     }
 
     #[test]
+    fn an_agent_that_may_not_apply_refuses_a_target_and_touches_nothing() {
+        let child = Sleeper::start();
+        let pid = child.pid();
+        let before = allowed(pid);
+        let settings = LeaseSettings {
+            state_file: None,
+            roots: own_roots(),
+            may_apply: false,
+        };
+        let mut a = Applier::new("n", &settings);
+        let out = a.on_push(&pb::Ack {
+            grants: vec![grant(9, Some(pb::apply_target::Target::Pid(pid)))],
+            ..Default::default()
+        });
+        let [msg] = out.as_slice() else {
+            panic!("one outcome: {out:?}")
+        };
+        let Some(Body::Applied(o)) = &msg.body else {
+            panic!("{msg:?}")
+        };
+        assert!(!o.ok);
+        assert_eq!(o.reason, "permission_denied");
+        assert!(o.message.contains("--insecure-apply"), "{}", o.message);
+        assert_eq!(allowed(pid), before, "the process was not pinned");
+        assert!(a.get(9).is_none(), "a refused lease is not kept");
+    }
+
+    #[test]
     fn releases_and_renewals_reach_the_checkpoint_and_a_new_agent_reloads_it() {
         let dir = scratch("ckpt");
         let settings = LeaseSettings {
             state_file: Some(checkpoint::state_file(&dir, "n")),
             roots: own_roots(),
+            may_apply: true,
         };
         let mut a = Applier::new("n", &settings);
         assert!(a.is_empty());
@@ -424,6 +466,7 @@ mod tests {
         let settings = LeaseSettings {
             state_file: Some(file),
             roots: own_roots(),
+            may_apply: true,
         };
         let mut a = Applier::new("n", &settings);
         assert_eq!(a.held_grants().len(), 1, "reported at registration");

@@ -542,7 +542,17 @@ pub struct LeaseSettings {
     /// The checkpoint ([`checkpoint::state_file`]); `None`: in memory.
     pub state_file: Option<PathBuf>,
     pub roots: apply::Roots,
+    /// Whether grants naming a target are applied at all: only when the
+    /// server was verified over TLS, or the operator said
+    /// `--insecure-apply`. Otherwise every such grant is refused (the
+    /// leases are still recorded as the node's witness).
+    pub may_apply: bool,
 }
+
+/// Why a grant naming a target was not applied by an agent that does not
+/// trust its server enough to act on it.
+pub const APPLY_NEEDS_TRUST: &str = "this agent applies leases only from a server it verified over TLS \
+     (--tls-ca), or when started with --insecure-apply";
 
 /// What a stream reports about itself, for logs, metrics and tests.
 #[derive(Debug, Default, Clone)]

@@ -109,6 +109,12 @@ struct Args {
     /// $XDG_STATE_HOME/fairplace, else ~/.local/state/fairplace.
     #[arg(long, env = "FAIRPLACE_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// Apply leases (pin processes, write cpusets) for a server reached in
+    /// plaintext, which anyone who can take its address can impersonate.
+    /// For local trials only; with --tls-ca the server is verified and
+    /// this is not needed.
+    #[arg(long)]
+    insecure_apply: bool,
 }
 
 fn hostname() -> String {
@@ -238,6 +244,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(d) = &state_dir {
         tracing::info!(dir = %d.display(), "lease checkpoints kept here");
     }
+    let verified = a.tls.tls_ca.is_some();
+    let may_apply = verified || a.insecure_apply;
+    if !verified && a.insecure_apply {
+        tracing::warn!(
+            server = %a.server,
+            "--insecure-apply: leases from this plaintext server are applied; anyone who can take its address can pin processes here"
+        );
+    } else if !may_apply {
+        tracing::warn!(
+            server = %a.server,
+            "plaintext server: leases are recorded but none is applied (use --tls-ca, or --insecure-apply for a local trial)"
+        );
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let cfg = |id: String| StreamConfig {
@@ -252,6 +271,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         leases: LeaseSettings {
             state_file: state_dir.as_deref().map(|d| checkpoint::state_file(d, &id)),
             roots: roots.clone(),
+            may_apply,
         },
     };
     match a.simulate {
