@@ -718,7 +718,11 @@ mod tests {
             backoff_max: Duration::from_millis(50),
             max_message_bytes: 4 << 20,
             tls: Default::default(),
-            leases: LeaseSettings::default(),
+            // As --insecure-apply: this fake server is plaintext.
+            leases: LeaseSettings {
+                may_apply: true,
+                ..LeaseSettings::default()
+            },
         };
         let (stop_tx, stop) = watch::channel(false);
         let (stats, _) = watch::channel(StreamStats::default());
