@@ -736,7 +736,10 @@ async fn main() {
                 watches,
                 reports,
             };
-            let mut runs = vec![("default limits", Vec::new())];
+            // The probe's node sends one report: it must not go stale
+            // during the run (not a limit under test).
+            let fresh = ["--stale-after-ms", "3600000"].map(String::from).to_vec();
+            let mut runs = vec![("default limits", fresh.clone())];
             if !bounded_only {
                 let lifted = [
                     "--max-connections-per-peer",
@@ -752,7 +755,8 @@ async fn main() {
                     "--max-pending-registrations",
                     "1000000",
                 ];
-                runs.push(("limits lifted", lifted.map(String::from).to_vec()));
+                let lifted = lifted.map(String::from).into_iter();
+                runs.push(("limits lifted", fresh.into_iter().chain(lifted).collect()));
             }
             for (name, extra) in runs {
                 let server = Server::spawn(&args.server_cpus, args.server_threads, &extra);
@@ -1132,7 +1136,7 @@ async fn flood(server: &Server, name: &str, shape: &FloodShape) {
         .map(String::from)
         .collect();
     println!(
-        "connections: {} open, {refused_conns} refused; watch streams: {}; report streams: {}",
+        "channels: {} connected, {refused_conns} not; watch streams: {}; report streams: {}",
         chans.len(),
         watches.line(shape.watches),
         reports.line(shape.reports)
