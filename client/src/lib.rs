@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod run;
 pub mod table;
+pub mod verified;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -126,6 +126,7 @@ fn stream_config(server: SocketAddr, node_id: &str, zone: &str) -> StreamConfig 
         backoff_max: Duration::from_secs(2),
         max_message_bytes: 4 << 20,
         tls: Default::default(),
+        trust_domain: "fairplace".into(),
         // In memory only (no state file); plaintext, so nothing is applied
         // (the demo's lease names no target).
         leases: Default::default(),

@@ -508,7 +508,7 @@ fn pki(a: &PkiArgs) -> Result<(), Box<dyn std::error::Error>> {
                 Err(_) => dns.push(n.as_str()),
             }
         }
-        let mut leaf = Leaf::server(&dns, &ips);
+        let mut leaf = Leaf::server(&a.trust_domain, &dns, &ips);
         leaf.days = a.days;
         ca.issue(&leaf)?.write(&a.dir, "server")?;
         written.push("server".to_string());

@@ -69,14 +69,14 @@ impl Leaf {
         }
     }
 
-    /// A server certificate for these DNS names and IP addresses.
-    pub fn server(dns_names: &[&str], ips: &[IpAddr]) -> Leaf {
+    /// A server certificate for these DNS names and IP addresses, with
+    /// the SPIFFE ID `spiffe://TRUST_DOMAIN/server/NAME` (NAME: the first
+    /// DNS name) that agents require of the server they obey.
+    pub fn server(trust_domain: &str, dns_names: &[&str], ips: &[IpAddr]) -> Leaf {
+        let name = dns_names.first().copied().unwrap_or("fairplace-server");
         Leaf {
-            common_name: dns_names
-                .first()
-                .copied()
-                .unwrap_or("fairplace-server")
-                .into(),
+            common_name: name.into(),
+            uris: vec![format!("spiffe://{trust_domain}/server/{name}")],
             dns_names: dns_names.iter().map(|s| s.to_string()).collect(),
             ips: ips.to_vec(),
             server: true,

@@ -119,7 +119,11 @@ impl Drop for TestPki {
 
 /// The server certificate every test server uses.
 pub fn server_leaf() -> Leaf {
-    Leaf::server(&["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
+    Leaf::server(
+        "fairplace",
+        &["localhost"],
+        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    )
 }
 
 /// Replaces `path` atomically (a rename, as cert-manager's volumes do).

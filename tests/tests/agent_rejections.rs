@@ -83,6 +83,7 @@ fn a_refused_part_is_left_out_the_node_stays_fresh_and_rejections_stop() {
             backoff_max: Duration::from_millis(200),
             max_message_bytes: 4 << 20,
             tls: Default::default(),
+            trust_domain: "fairplace".into(),
             // In memory only (no state file), the default apply roots.
             leases: Default::default(),
         };

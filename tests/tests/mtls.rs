@@ -599,3 +599,51 @@ fn a_non_loopback_address_needs_client_certificates() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The agent obeys only a fairplace server: a certificate from the same CA,
+/// valid for the address and for serving TLS, but naming an orchestrator
+/// (what a hostile orchestrator with a serverAuth certificate would hold),
+/// gets no stream. Once the server's files carry a `server` SPIFFE ID
+/// (reloaded in place), the same agent registers.
+#[test]
+fn an_agent_refuses_a_server_whose_certificate_does_not_name_a_fairplace_server() {
+    let pki = TestPki::new();
+    let impostor = Leaf {
+        common_name: "localhost".into(),
+        uris: vec!["spiffe://fairplace/orchestrator/mallory".into()],
+        dns_names: vec!["localhost".into()],
+        ips: vec![std::net::IpAddr::from([127, 0, 0, 1])],
+        server: true,
+        ..Leaf::default()
+    };
+    pki.write_leaf("server", &impostor);
+    let mut args = pki.server_args();
+    args.extend(["--tls-reload-ms", "100"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&args);
+    let node = pki.client("node", "picky");
+    let orch = pki.client("orchestrator", "o");
+    let mut agent_args = TestPki::cli_args(&node);
+    agent_args.extend(["--node-id", "picky", "--interval-ms", "100"].map(String::from));
+    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+    let _agent = Agent::start(&server.grpc, &agent_args);
+    rt().block_on(async {
+        let o = client(&server.grpc, &orch).await;
+        // The orchestrator's TLS does not check the role: the server is up.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let e = o.get_node("picky").await.expect_err("the agent registered");
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        // The real server certificate, swapped in as cert-manager would.
+        let real = pki.ca.issue(&server_leaf()).unwrap();
+        replace_file(&pki.path("server.key"), &real.key);
+        replace_file(&pki.path("server.crt"), &real.cert);
+        let t0 = Instant::now();
+        while o.get_node("picky").await.is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the agent never registered with the real server"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}

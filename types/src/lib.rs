@@ -11,6 +11,7 @@ pub mod cpumask;
 pub mod input;
 pub mod limits;
 pub mod quote;
+pub mod spiffe;
 pub mod state_dir;
 
 use std::fmt;

@@ -205,7 +205,7 @@ impl Server {
         let ca = Ca::new("fairplace-load CA").unwrap();
         ca.pem.write(&dir, "ca").unwrap();
         let localhost = std::net::IpAddr::from([127, 0, 0, 1]);
-        ca.issue(&Leaf::server(&["localhost"], &[localhost]))
+        ca.issue(&Leaf::server("fairplace", &["localhost"], &[localhost]))
             .unwrap()
             .write(&dir, "server")
             .unwrap();

@@ -530,6 +530,9 @@ pub struct StreamConfig {
     /// TLS towards the server (a node certificate for mutual TLS); read
     /// again at every reconnect.
     pub tls: crate::TlsOptions,
+    /// With TLS, the server's certificate must carry
+    /// `spiffe://TRUST_DOMAIN/server/NAME` ([`crate::verified`]).
+    pub trust_domain: String,
     /// Where the node's leases are kept and what they may be applied to.
     pub leases: LeaseSettings,
 }
@@ -718,6 +721,7 @@ mod tests {
             backoff_max: Duration::from_millis(50),
             max_message_bytes: 4 << 20,
             tls: Default::default(),
+            trust_domain: "fairplace".into(),
             // As --insecure-apply: this fake server is plaintext.
             leases: LeaseSettings {
                 may_apply: true,

@@ -162,17 +162,26 @@ fn fit_to_server(u: &mut pb::Update, cfg: &StreamConfig, sent: &mut Sent) {
 
 /// A channel to the server, with keepalive so a silently dropped
 /// connection is noticed.
+/// Over TLS the server must also prove it is a fairplace server
+/// ([`crate::verified`]): the agent obeys what it says.
 async fn connect(cfg: &StreamConfig) -> Result<AgentServiceClient<Channel>, String> {
-    let channel = cfg
-        .tls
-        .endpoint(&cfg.server)?
-        .connect_timeout(Duration::from_secs(3))
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(true)
-        .connect()
-        .await
-        .map_err(|e| format!("connect: {e}: {}", crate::source_chain(&e)))?;
+    let endpoint = |e: tonic::transport::Endpoint| {
+        e.connect_timeout(Duration::from_secs(3))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
+    };
+    let channel = if cfg.tls.enabled() {
+        let plain = crate::TlsOptions::default().endpoint(&cfg.server)?;
+        crate::verified::connect(endpoint(plain), &cfg.server, &cfg.tls, &cfg.trust_domain)
+            .await
+            .map_err(|e| format!("connect: {e}"))?
+    } else {
+        endpoint(cfg.tls.endpoint(&cfg.server)?)
+            .connect()
+            .await
+            .map_err(|e| format!("connect: {e}: {}", crate::source_chain(&e)))?
+    };
     Ok(AgentServiceClient::new(channel)
         .max_decoding_message_size(16 << 20)
         .max_encoding_message_size(16 << 20))

@@ -109,6 +109,10 @@ struct Args {
     /// $XDG_STATE_HOME/fairplace, else ~/.local/state/fairplace.
     #[arg(long, env = "FAIRPLACE_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// The SPIFFE trust domain: with TLS, the server's certificate must
+    /// carry spiffe://TRUST_DOMAIN/server/NAME.
+    #[arg(long, default_value = "fairplace")]
+    trust_domain: String,
     /// Apply leases (pin processes, write cpusets) for a server reached in
     /// plaintext, which anyone who can take its address can impersonate.
     /// For local trials only; with --tls-ca the server is verified and
@@ -268,6 +272,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         backoff_max: Duration::from_secs(10),
         max_message_bytes: a.max_message_bytes,
         tls: a.tls.clone().into(),
+        trust_domain: a.trust_domain.clone(),
         leases: LeaseSettings {
             state_file: state_dir.as_deref().map(|d| checkpoint::state_file(d, &id)),
             roots: roots.clone(),

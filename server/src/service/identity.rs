@@ -25,53 +25,13 @@
 //! Without `--client-ca` (loopback, or `--allow-unauthenticated`) every
 //! caller is `Caller::Open` and may call everything, as before identities.
 
-use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+pub use fairplace_types::spiffe::{Identity, Role, identity_from_cert, parse_spiffe_id};
 use tonic::Status;
 use tower::{Layer, Service};
-use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
-
-/// A caller's role, the first segment of its SPIFFE ID's path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    Node,
-    Orchestrator,
-    Admin,
-}
-
-impl Role {
-    pub const ALL: [Role; 3] = [Role::Node, Role::Orchestrator, Role::Admin];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Node => "node",
-            Role::Orchestrator => "orchestrator",
-            Role::Admin => "admin",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Role> {
-        Role::ALL.into_iter().find(|r| r.as_str() == s)
-    }
-}
-
-/// An identified caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    pub role: Role,
-    pub name: String,
-    /// The full SPIFFE ID, for messages and logs.
-    pub id: String,
-}
-
-impl fmt::Display for Identity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.id)
-    }
-}
 
 /// What a connection's TLS handshake established about the client; tonic
 /// copies it into every request of the connection.
@@ -96,83 +56,6 @@ impl Peer {
             },
         }
     }
-}
-
-/// The SPIFFE ID of a DER certificate: its one `spiffe://` URI SAN.
-pub fn identity_from_cert(der: &[u8], trust_domain: &str) -> Result<Identity, String> {
-    let (_, cert) = X509Certificate::from_der(der)
-        .map_err(|e| format!("client certificate: cannot parse it: {e}"))?;
-    let san = cert
-        .subject_alternative_name()
-        .map_err(|e| format!("client certificate: bad subjectAltName: {e}"))?;
-    let uris: Vec<&str> = san
-        .iter()
-        .flat_map(|s| s.value.general_names.iter())
-        .filter_map(|g| match g {
-            GeneralName::URI(u) if u.to_ascii_lowercase().starts_with("spiffe:") => Some(*u),
-            _ => None,
-        })
-        .collect();
-    match uris.as_slice() {
-        [] => Err(format!(
-            "client certificate: no URI SAN spiffe://{trust_domain}/ROLE/NAME"
-        )),
-        [one] => parse_spiffe_id(one, trust_domain),
-        _ => Err(format!(
-            "client certificate: {} SPIFFE IDs ({}); exactly one is allowed",
-            uris.len(),
-            uris.join(", ")
-        )),
-    }
-}
-
-/// SPIFFE ID characters: trust domains are lowercase letters, digits, `.`,
-/// `-` and `_`; path segments may have uppercase letters too.
-fn td_char(c: char) -> bool {
-    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_')
-}
-
-fn segment_ok(s: &str) -> bool {
-    !s.is_empty()
-        && s != "."
-        && s != ".."
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-}
-
-/// Parses `spiffe://TRUST_DOMAIN/ROLE/NAME` (the SPIFFE ID rules: no port,
-/// user info, query, fragment or percent-encoding) for this trust domain.
-pub fn parse_spiffe_id(uri: &str, trust_domain: &str) -> Result<Identity, String> {
-    let bad = |why: &str| format!("client certificate: SPIFFE ID {uri:?}: {why}");
-    let rest = uri
-        .strip_prefix("spiffe://")
-        .ok_or_else(|| bad("the scheme must be spiffe:// in lowercase"))?;
-    let (td, path) = rest.split_once('/').unwrap_or((rest, ""));
-    if td.is_empty() || !td.chars().all(td_char) {
-        return Err(bad("malformed trust domain"));
-    }
-    if td != trust_domain {
-        return Err(bad(&format!(
-            "trust domain {td:?} is not this server's ({trust_domain:?})"
-        )));
-    }
-    let segs: Vec<&str> = path.split('/').collect();
-    if segs.iter().any(|s| !segment_ok(s)) {
-        return Err(bad("malformed path (expected /ROLE/NAME)"));
-    }
-    let [role, name] = segs.as_slice() else {
-        return Err(bad("the path must be /ROLE/NAME"));
-    };
-    let role = Role::parse(role).ok_or_else(|| {
-        bad(&format!(
-            "unknown role {role:?} (node, orchestrator or admin)"
-        ))
-    })?;
-    Ok(Identity {
-        role,
-        name: name.to_string(),
-        id: uri.to_string(),
-    })
 }
 
 /// One row of the role table: a full method path, or a service prefix
