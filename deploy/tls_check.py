@@ -143,12 +143,17 @@ check(any(p.get("appProtocol") != "kubernetes.io/h2c" for p in svc["spec"]["port
       "Service: the gRPC port is TLS, not h2c")
 
 # SPIFFE IDs: the trust domain and a known role.
-SPIFFE = re.compile(r"^spiffe://([a-z0-9._-]+)/(node|orchestrator|admin)/[A-Za-z0-9._-]+$")
+SPIFFE = re.compile(r"^spiffe://([a-z0-9._-]+)/(node|orchestrator|admin|server)/[A-Za-z0-9._-]+$")
 for c in certs.values():
     for u in c["spec"].get("uris", []):
         m = SPIFFE.match(u)
         check(m and m.group(1) == td, f"Certificate {c['metadata']['name']}: {u} is not spiffe://{td}/ROLE/NAME")
-        check("client auth" in c["spec"].get("usages", []), f"Certificate {c['metadata']['name']}: needs client auth")
+        if m and m.group(2) != "server":
+            check("client auth" in c["spec"].get("usages", []), f"Certificate {c['metadata']['name']}: needs client auth")
+# Agents obey only a server whose one SPIFFE ID has the role server.
+server_uris = certs.get("fairplace-server", {}).get("spec", {}).get("uris", [])
+check(server_uris == [f"spiffe://{td}/server/fairplace-server"],
+      f"server Certificate: needs exactly the URI SAN spiffe://{td}/server/fairplace-server, has {server_uris}")
 check("server auth" in certs.get("fairplace-server", {}).get("spec", {}).get("usages", []),
       "server Certificate: needs server auth")
 
