@@ -474,3 +474,36 @@ async fn a_hang_up_reaches_the_command_and_the_command_dies_with_fairplace_run()
     });
     assert!(gone, "the command outlived fairplace run");
 }
+
+/// A pid or cgroup names something on one machine: an AllocateCpus that
+/// lets the cluster choose the node cannot carry one (a hostile node the
+/// cluster chose would otherwise be handed another node's pid).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_allocation_with_an_apply_target_is_refused_naming_node_id() {
+    let (_server, _agent, c) = setup().await;
+    let mut victim = sleeper();
+    let before = cpus_allowed(victim.id());
+    for apply in [
+        apply_pid(victim.id()),
+        Some(pb::ApplyTarget {
+            target: Some(pb::apply_target::Target::Cgroup("fairplace/job".into())),
+        }),
+    ] {
+        let e = c
+            .allocate_cpus(pb::AllocateCpusRequest {
+                count: 1,
+                holder: "cluster".into(),
+                apply,
+                ..Default::default()
+            })
+            .await
+            .expect_err("a cluster allocation with a target");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().starts_with("node_id"), "{}", e.message());
+    }
+    let node = c.get_node(NODE).await.unwrap();
+    assert!(node.leases.is_empty(), "{:?}", node.leases);
+    assert_eq!(cpus_allowed(victim.id()), before);
+    let _ = victim.kill();
+    let _ = victim.wait();
+}

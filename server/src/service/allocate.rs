@@ -381,6 +381,15 @@ fn check(
         ));
     }
     check_ttl(r.ttl_ms, max_ttl)?;
+    // A pid or a cgroup path means something on one machine only: a
+    // cluster allocation would hand it to whichever node the slow path
+    // chose, which would pin its own process of that pid.
+    if r.apply.is_some() && r.node_id.is_empty() {
+        return Err(invalid(
+            "node_id",
+            "an apply target names a process or cgroup of one node: name the node",
+        ));
+    }
     let ttl = match r.ttl_ms {
         0 => DEFAULT_TTL.min(max_ttl),
         t => Duration::from_millis(t as u64),
