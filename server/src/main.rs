@@ -209,6 +209,16 @@ struct ServeArgs {
     /// How often the TLS files are checked for a rotation (ms).
     #[arg(long, default_value_t = 1_000, value_parser = positive_u64)]
     tls_reload_ms: u64,
+    /// The labels placement uses for each node, as JSON: {"nodes": {ID:
+    /// {KEY: VALUE}}, "reported": {ID or "*": [KEY]}} ("reported": the keys
+    /// a node may still set itself). Read at start.
+    #[arg(long)]
+    node_labels: Option<std::path::PathBuf>,
+    /// Label keys every node may set itself (for agents that are trusted).
+    /// Under mutual TLS, without this or --node-labels, placement uses no
+    /// label a node reports.
+    #[arg(long, value_delimiter = ',')]
+    trust_reported_labels: Vec<String>,
     /// Also serve grpc.health.v1 alone, in plaintext, here (for probes that
     /// cannot present a client certificate, like the kubelet's).
     #[arg(long)]
@@ -290,6 +300,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Whose labels place nodes: the admin's file and trusted keys when given;
+/// otherwise none a node reports under mutual TLS (a node certificate
+/// proves the node, not its zone), and all of them without client
+/// authentication (every caller is trusted there).
+fn label_policy(a: &ServeArgs) -> Result<fairplace::store::LabelPolicy, String> {
+    use fairplace::store::LabelPolicy;
+    if a.node_labels.is_some() || !a.trust_reported_labels.is_empty() {
+        LabelPolicy::load(a.node_labels.as_deref(), &a.trust_reported_labels)
+    } else if a.client_ca.is_some() {
+        Ok(LabelPolicy::default())
+    } else {
+        Ok(LabelPolicy::trust_all())
+    }
+}
+
 async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut store = StoreConfig {
         stale_after: Duration::from_millis(a.stale_after_ms),
@@ -302,6 +327,7 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
             cpus: (a.max_leased_cpus_per_caller > 0).then_some(a.max_leased_cpus_per_caller),
         },
         max_lease_ttl: Duration::from_millis(a.max_lease_ttl_ms),
+        label_policy: label_policy(&a)?,
         ..StoreConfig::default()
     };
     store.system.migration_cost_ns = a.migration_cost_ns;

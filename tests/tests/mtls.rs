@@ -647,3 +647,100 @@ fn an_agent_refuses_a_server_whose_certificate_does_not_name_a_fairplace_server(
         }
     });
 }
+
+/// A node decides neither its zone nor where placements aimed at a zone
+/// go. Under mutual TLS a node certificate registers `fake` claiming
+/// zone=eu-1 and 64 idle CPUs; the admin's `--node-labels` file puts only
+/// `real` in eu-1. Every PickCpu selecting eu-1 lands on `real`; `fake`'s
+/// claim is shown as reported, never used. A key the file lets nodes set
+/// (`team`) is used.
+#[test]
+fn placement_labels_are_the_servers_and_a_node_cannot_claim_a_zone() {
+    let pki = TestPki::new();
+    let labels = pki.path("labels.json");
+    std::fs::write(
+        &labels,
+        r#"{"nodes": {"real": {"zone": "eu-1", "rack": "r1"}}, "reported": {"*": ["team"]}}"#,
+    )
+    .unwrap();
+    let mut args = pki.server_args();
+    args.extend(["--node-labels".to_string(), labels.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&args);
+    let orch = pki.client("orchestrator", "o");
+    rt().block_on(async {
+        let register = async |name: &str, topo, claims: &[(&str, &str)]| {
+            let tls = pki.client("node", name);
+            let ch = channel(&server.grpc, &tls).await.unwrap();
+            let mut r = Reporter::register_on(ch, name, topo, claims).await.unwrap();
+            let n = match name {
+                "fake" => 64,
+                _ => 4,
+            };
+            r.update(1, true, states(n, &[0]), name).await.unwrap();
+            r
+        };
+        let _real = register("real", topology(1, 1, 2, 2), &[("zone", "us-2")]).await;
+        let _fake = register(
+            "fake",
+            topology(1, 1, 32, 2),
+            &[("zone", "eu-1"), ("rack", "r1"), ("team", "blue")],
+        )
+        .await;
+        let o = client(&server.grpc, &orch).await;
+        for _ in 0..50 {
+            let p = o
+                .pick_cpu(pb::PickCpuRequest {
+                    kind: pb::RequestKind::Fork as i32,
+                    selector: [("zone".to_string(), "eu-1".to_string())].into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(p.node_id, "real", "{p:?}");
+        }
+        let fake = o.get_node("fake").await.unwrap().summary.unwrap();
+        let used: BTreeMap<_, _> = fake.labels.into_iter().collect();
+        let reported: BTreeMap<_, _> = fake.reported_labels.into_iter().collect();
+        assert_eq!(used, BTreeMap::from([("team".into(), "blue".into())]));
+        assert_eq!(reported.get("zone").map(String::as_str), Some("eu-1"));
+        let real = o.get_node("real").await.unwrap().summary.unwrap();
+        let used: BTreeMap<_, _> = real.labels.into_iter().collect();
+        assert_eq!(
+            used.get("zone").map(String::as_str),
+            Some("eu-1"),
+            "the file's, not us-2"
+        );
+    });
+}
+
+/// Without a labels file, under mutual TLS, no reported label places a
+/// node: a selector nobody was given matches nothing.
+#[test]
+fn under_mutual_tls_reported_labels_are_ignored_without_an_admins_word() {
+    let pki = TestPki::new();
+    let args = pki.server_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&args);
+    let orch = pki.client("orchestrator", "o");
+    rt().block_on(async {
+        let tls = pki.client("node", "fake");
+        let ch = channel(&server.grpc, &tls).await.unwrap();
+        let mut r = Reporter::register_on(ch, "fake", topology(1, 1, 2, 1), &[("zone", "eu-1")])
+            .await
+            .unwrap();
+        r.update(1, true, states(2, &[]), "fake").await.unwrap();
+        let o = client(&server.grpc, &orch).await;
+        let e = o
+            .pick_cpu(pb::PickCpuRequest {
+                kind: pb::RequestKind::Fork as i32,
+                selector: [("zone".to_string(), "eu-1".to_string())].into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("a node chose its own zone");
+        assert_ne!(e.code(), Code::Ok);
+        let s = o.get_node("fake").await.unwrap().summary.unwrap();
+        assert!(s.labels.is_empty(), "{:?}", s.labels);
+    });
+}

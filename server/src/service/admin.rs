@@ -90,6 +90,7 @@ pub fn summary(
     pb::NodeSummary {
         id: n.id.clone(),
         labels: n.labels.iter().cloned().collect(),
+        reported_labels: n.reported_labels.iter().cloned().collect(),
         cpus: s.topo.nr_cpus as u32,
         online_cpus: s.topo.online.weight() as u32,
         idle_cpus: idle as u32,

@@ -90,10 +90,13 @@ impl Store {
         }
         spec.validate("register.topology")?;
         let spec = self.intern_spec(spec);
+        let reported_labels = labels;
+        let labels = self.config.label_policy.effective(id, &reported_labels);
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         if let Some(old) = self.get(id)
             && *old.spec == *spec
             && old.labels == labels
+            && old.reported_labels == reported_labels
             && old.agent_version == agent_version
         {
             old.generation.store(generation, Ordering::SeqCst);
@@ -135,6 +138,7 @@ impl Store {
         let node = Arc::new(Node {
             id: id.to_string(),
             labels,
+            reported_labels,
             agent_version,
             signal_source: Default::default(),
             spec,
@@ -234,7 +238,7 @@ fn unfit(s: &str, max: usize) -> Option<String> {
 
 /// A registration's labels: at most [`MAX_LABELS`], keys non-empty, keys
 /// and values short and printable.
-fn check_labels(labels: &[(String, String)]) -> Result<(), FieldError> {
+pub fn check_labels(labels: &[(String, String)]) -> Result<(), FieldError> {
     if labels.len() > MAX_LABELS {
         return Err(FieldError::new(
             "register.labels",

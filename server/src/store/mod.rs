@@ -34,6 +34,7 @@ mod cluster_pick;
 pub mod durable;
 mod features;
 mod ingest;
+pub mod labels;
 mod lease_recovery;
 mod leases;
 mod lifecycle;
@@ -43,6 +44,8 @@ pub use balance::{BalanceOutcome, BalanceRequest};
 pub use cache::{CacheSummary, ProcSummary};
 pub use cluster_pass::ClusterBalanceRequest;
 pub use durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError};
+pub use ingest::check_labels;
+pub use labels::LabelPolicy;
 pub use lease_recovery::{Loaded, Reconciled};
 pub use leases::{
     DEFAULT_MAX_LEASES_PER_CALLER, Ended, Lease, LeaseRefusal, NewLease, OwnerLimits, Target,
@@ -86,6 +89,9 @@ pub struct StoreConfig {
     pub lease_limits: OwnerLimits,
     /// The longest lifetime a grant or a renewal may ask for.
     pub max_lease_ttl: Duration,
+    /// Which labels placement uses ([`labels`]); by default every reported
+    /// one (a store with no identities to distrust).
+    pub label_policy: LabelPolicy,
 }
 
 impl Default for StoreConfig {
@@ -101,6 +107,7 @@ impl Default for StoreConfig {
             max_node_id_bytes: DEFAULT_MAX_NODE_ID_BYTES,
             lease_limits: OwnerLimits::default(),
             max_lease_ttl: DEFAULT_MAX_LEASE_TTL,
+            label_policy: LabelPolicy::trust_all(),
         }
     }
 }
@@ -210,7 +217,10 @@ struct Writer {
 /// A registered node.
 pub struct Node {
     pub id: String,
+    /// The labels placement uses: the server's ([`LabelPolicy`]).
     pub labels: Vec<(String, String)>,
+    /// What the node's agent reported.
+    pub reported_labels: Vec<(String, String)>,
     pub agent_version: String,
     /// Where the agent reads its signals (`pb::SignalSource` as i32; 0 =
     /// not said), set by the agent service after each registration.
