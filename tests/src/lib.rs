@@ -622,6 +622,15 @@ pub fn cpus_allowed(pid: u32) -> String {
         .unwrap_or_default()
 }
 
+/// A two-worker runtime for a test's client side.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Resident memory of process `pid` (VmRSS), in KiB; 0 once it is gone.
 pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

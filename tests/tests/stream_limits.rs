@@ -8,19 +8,11 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use fairplace_client::Client;
-use fairplace_e2e::{Reporter, Server, pb, rss_kib, states, topology, wait_for};
+use fairplace_e2e::{Reporter, Server, pb, rss_kib, rt, states, topology, wait_for};
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 async fn channel(addr: &str) -> Channel {
     Endpoint::from_shared(format!("http://{addr}"))

@@ -29,7 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::Connected;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::metrics as m;
 
@@ -125,38 +125,40 @@ impl Drop for ConnSlot {
     }
 }
 
-/// A screened connection that keeps its slot under the caps until tonic
-/// drops it.
-pub struct Counted<T> {
-    inner: T,
+/// A screened connection: its stream, what tonic tells each request about
+/// it (the client's address, or its TLS identity), and its slot under the
+/// caps, held until tonic drops it.
+pub struct Conn<S, I> {
+    stream: S,
+    info: I,
     _slot: ConnSlot,
 }
 
-impl<T: Connected> Connected for Counted<T> {
-    type ConnectInfo = T::ConnectInfo;
+impl<S, I: Clone + Send + Sync + 'static> Connected for Conn<S, I> {
+    type ConnectInfo = I;
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+    fn connect_info(&self) -> I {
+        self.info.clone()
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
+impl<S: AsyncRead + Unpin, I: Unpin> AsyncRead for Conn<S, I> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+impl<S: AsyncWrite + Unpin, I: Unpin> AsyncWrite for Conn<S, I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -164,19 +166,19 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.stream.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        Pin::new(&mut self.stream).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -185,17 +187,19 @@ fn refused(limit: &'static str) {
 }
 
 /// Accepts connections on `listener` and yields those that `screen` passes
-/// within the timeout, screening them concurrently, each holding its place
+/// within the timeout (it returns the stream and what requests are told of
+/// the connection), screening them concurrently, each holding its place
 /// under the connection caps until it closes.
-pub fn incoming<T, F, Fut>(
+pub fn incoming<S, I, F, Fut>(
     listener: TcpListener,
     opts: ListenOpts,
     screen: F,
-) -> ReceiverStream<io::Result<Counted<T>>>
+) -> ReceiverStream<io::Result<Conn<S, I>>>
 where
-    T: Send + 'static,
+    S: Send + 'static,
+    I: Send + 'static,
     F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = io::Result<T>> + Send + 'static,
+    Fut: Future<Output = io::Result<(S, I)>> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(accept_loop(listener, opts, screen, tx));
@@ -204,7 +208,7 @@ where
 
 /// Plaintext screening: the peer's first bytes must be the HTTP/2 preface.
 /// The bytes are only peeked, so hyper still reads them.
-pub async fn http2_preface(s: TcpStream) -> io::Result<TcpStream> {
+pub async fn http2_preface(s: TcpStream) -> io::Result<(TcpStream, TcpConnectInfo)> {
     let mut buf = [0u8; PREFACE.len()];
     loop {
         s.readable().await?;
@@ -219,7 +223,8 @@ pub async fn http2_preface(s: TcpStream) -> io::Result<TcpStream> {
             ));
         }
         if n == PREFACE.len() {
-            return Ok(s);
+            let info = s.connect_info();
+            return Ok((s, info));
         }
         // Part of the preface is here: peek again shortly (readable() stays
         // ready while those bytes are unread).
@@ -227,15 +232,16 @@ pub async fn http2_preface(s: TcpStream) -> io::Result<TcpStream> {
     }
 }
 
-async fn accept_loop<T, F, Fut>(
+async fn accept_loop<S, I, F, Fut>(
     listener: TcpListener,
     opts: ListenOpts,
     screen: F,
-    tx: mpsc::Sender<io::Result<Counted<T>>>,
+    tx: mpsc::Sender<io::Result<Conn<S, I>>>,
 ) where
-    T: Send + 'static,
+    S: Send + 'static,
+    I: Send + 'static,
     F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = io::Result<T>> + Send + 'static,
+    Fut: Future<Output = io::Result<(S, I)>> + Send + 'static,
 {
     let screening = Arc::new(Semaphore::new(opts.max_screening.max(1)));
     let limits = ConnLimits::new(&opts);
@@ -275,8 +281,13 @@ async fn accept_loop<T, F, Fut>(
         tokio::spawn(async move {
             let r = tokio::time::timeout(timeout, fut).await;
             drop(permit);
-            if let Ok(Ok(inner)) = r {
-                let _ = tx.send(Ok(Counted { inner, _slot: slot })).await;
+            if let Ok(Ok((stream, info))) = r {
+                let conn = Conn {
+                    stream,
+                    info,
+                    _slot: slot,
+                };
+                let _ = tx.send(Ok(conn)).await;
             }
         });
     }

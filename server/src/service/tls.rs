@@ -19,9 +19,7 @@
 
 use std::io;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -29,10 +27,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
-use tonic::transport::server::Connected;
 
 use super::identity::Peer;
 use crate::metrics as m;
@@ -224,8 +220,13 @@ impl TlsReloader {
         })
     }
 
-    /// The handshake stage for one accepted connection.
-    pub async fn accept(self: Arc<Self>, tcp: TcpStream) -> io::Result<TlsConn> {
+    /// The handshake stage for one accepted connection: the stream and the
+    /// client's identity, read once (tonic puts it in every request's
+    /// extensions).
+    pub async fn accept(
+        self: Arc<Self>,
+        tcp: TcpStream,
+    ) -> io::Result<(tokio_rustls::server::TlsStream<TcpStream>, Peer)> {
         let acceptor = TlsAcceptor::from(self.config.load_full());
         let stream = match acceptor.accept(tcp).await {
             Ok(s) => s,
@@ -236,64 +237,6 @@ impl TlsReloader {
             }
         };
         let peer = Peer::from_certs(stream.get_ref().1.peer_certificates(), &self.trust_domain);
-        Ok(TlsConn {
-            inner: stream,
-            peer,
-        })
-    }
-}
-
-/// A server-side TLS connection with the client's identity, read once.
-pub struct TlsConn {
-    inner: tokio_rustls::server::TlsStream<TcpStream>,
-    peer: Peer,
-}
-
-impl Connected for TlsConn {
-    /// tonic puts this in every request's extensions.
-    type ConnectInfo = Peer;
-
-    fn connect_info(&self) -> Peer {
-        self.peer.clone()
-    }
-}
-
-impl AsyncRead for TlsConn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsConn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        Ok((stream, peer))
     }
 }
