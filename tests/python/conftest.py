@@ -53,8 +53,9 @@ def start_server(*extra, words_out=None):
 
 class Pki:
     """A PKI made with the openssl command line, independently of the
-    server's own code: a CA, a server certificate for 127.0.0.1/localhost,
-    and client certificates whose URI SAN is spiffe://fairplace/ROLE/NAME."""
+    server's own code: a CA, a server certificate for 127.0.0.1/localhost
+    with the server's SPIFFE ID (agents require it), and client certificates
+    whose URI SAN is spiffe://fairplace/ROLE/NAME."""
 
     def __init__(self, trust_domain="fairplace"):
         assert shutil.which("openssl"), "the openssl command is needed"
@@ -63,7 +64,8 @@ class Pki:
         self._run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                   "-keyout", self.path("ca.key"), "-out", self.path("ca.crt"), "-days", "2",
                   "-subj", "/CN=fairplace python test CA")
-        self.leaf("server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth")
+        self.leaf("server", f"subjectAltName=DNS:localhost,IP:127.0.0.1,URI:spiffe://{self.td}/server/localhost"
+                            "\nextendedKeyUsage=serverAuth")
 
     def path(self, name):
         return os.path.join(self.dir, name)
