@@ -121,6 +121,36 @@ struct Args {
     insecure_apply: bool,
 }
 
+/// `--label KEY=VALUE` values as pairs.
+fn parse_labels(labels: &[String]) -> Result<Vec<(String, String)>, String> {
+    labels
+        .iter()
+        .map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| format!("--label {l:?}: expected KEY=VALUE"))
+        })
+        .collect()
+}
+
+/// Whether grants naming a target are applied: from a server verified
+/// over TLS, or with --insecure-apply; said at start either way.
+fn may_apply(a: &Args) -> bool {
+    let verified = a.tls.tls_ca.is_some();
+    if !verified && a.insecure_apply {
+        tracing::warn!(
+            server = %a.server,
+            "--insecure-apply: leases from this plaintext server are applied; anyone who can take its address can pin processes here"
+        );
+    } else if !verified {
+        tracing::warn!(
+            server = %a.server,
+            "plaintext server: leases are recorded but none is applied (use --tls-ca, or --insecure-apply for a local trial)"
+        );
+    }
+    verified || a.insecure_apply
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .or_else(|_| std::fs::read_to_string("/etc/hostname"))
@@ -227,13 +257,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "Lease checkpoint writes that failed, and checkpoints set aside as unreadable."
         );
     }
-    let mut labels = Vec::new();
-    for l in &a.labels {
-        let (k, v) = l
-            .split_once('=')
-            .ok_or_else(|| format!("--label {l:?}: expected KEY=VALUE"))?;
-        labels.push((k.to_string(), v.to_string()));
-    }
+    let labels = parse_labels(&a.labels)?;
     let base = a.node_id.clone().unwrap_or_else(hostname);
     let roots = if a.apply_cgroup_roots.is_empty() {
         apply::Roots::default()
@@ -248,19 +272,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(d) = &state_dir {
         tracing::info!(dir = %d.display(), "lease checkpoints kept here");
     }
-    let verified = a.tls.tls_ca.is_some();
-    let may_apply = verified || a.insecure_apply;
-    if !verified && a.insecure_apply {
-        tracing::warn!(
-            server = %a.server,
-            "--insecure-apply: leases from this plaintext server are applied; anyone who can take its address can pin processes here"
-        );
-    } else if !may_apply {
-        tracing::warn!(
-            server = %a.server,
-            "plaintext server: leases are recorded but none is applied (use --tls-ca, or --insecure-apply for a local trial)"
-        );
-    }
+    let may_apply = may_apply(&a);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let cfg = |id: String| StreamConfig {
