@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use crate::agent::apply;
+use crate::agent::cgroupfs::CgroupFs;
 use crate::{Client, pb};
 
 /// What `fairplace run` was asked.
@@ -219,7 +220,8 @@ async fn launch(
     let parent = std::process::id() as libc::pid_t;
     match &o.cgroup {
         Some(path) => {
-            let dir = apply::set_cgroup_cpus(path, cpus.list()).map_err(|e| e.message)?;
+            let dir = apply::set_cgroup_cpus(&CgroupFs::default(), path, cpus.list())
+                .map_err(|e| e.message)?;
             let procs = CString::new(
                 dir.join("cgroup.procs")
                     .into_os_string()

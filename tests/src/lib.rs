@@ -223,8 +223,23 @@ impl Agent {
     /// An agent with exactly these flags (and its own checkpoint unless
     /// `args` names one).
     pub fn spawn(server: &str, args: &[&str]) -> Agent {
+        Agent::spawn_through(&[], server, args)
+    }
+
+    /// An agent with exactly these flags, started by `wrapper`: a command
+    /// line that ends by running the agent's, given as its last arguments
+    /// (e.g. `unshare --cgroup`, or `sh -c '...; exec "$@"' sh`).
+    pub fn spawn_through(wrapper: &[&str], server: &str, args: &[&str]) -> Agent {
         let state = (!args.contains(&"--state-dir")).then(|| StateDir::new("agent"));
-        let mut cmd = Command::new(bin("fairplace-agent"));
+        let agent = bin("fairplace-agent");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(&agent);
+                c
+            }
+            None => Command::new(&agent),
+        };
         cmd.args(["--server", server]).args(args);
         if let Some(d) = &state {
             cmd.args(["--state-dir", d.path()]);
@@ -591,6 +606,19 @@ impl TestCgroup {
             .expect("sleep");
         self.add(c.id());
         c
+    }
+
+    /// A cgroup inside this one, with its CPUs and memory nodes; dropped
+    /// (its processes moved to the root cpuset) like this one, so declare
+    /// it after its parent.
+    pub fn child(&self, name: &str) -> TestCgroup {
+        let dir = self.dir.join(name);
+        std::fs::create_dir(&dir).expect("make a child cpuset");
+        for f in ["cpuset.mems", "cpuset.cpus"] {
+            let v = std::fs::read_to_string(self.dir.join(f)).expect("the parent's cpuset");
+            std::fs::write(dir.join(f), v.trim()).expect("the child's cpuset");
+        }
+        TestCgroup { dir }
     }
 
     /// The cgroup's cpuset.cpus as the kernel shows it.

@@ -9,8 +9,9 @@
 //! - A cgroup: its `cpuset.cpus` (cgroup v2, or the v1 cpuset controller);
 //!   a v1 cpuset with empty `cpuset.mems` gets its parent's, since the
 //!   kernel refuses tasks in a v1 cpuset without memory nodes. A path is
-//!   taken under `/sys/fs/cgroup` (the v1 `cpuset` mount, the unified v2
-//!   mount or the root), never outside it.
+//!   the machine's name for the cgroup, found through [`CgroupFs`] (the
+//!   v1 `cpuset` mount, the unified v2 mount or the root), never outside
+//!   it.
 //!
 //! Whoever may allocate may name any pid or cgroup: the agent applies a
 //! lease only inside its apply roots ([`Roots`]), and never to init, a
@@ -26,10 +27,8 @@ use std::path::{Path, PathBuf};
 
 use fairplace_proto::v1 as pb;
 
+use super::cgroupfs::{CGROUP_ROOT, CgroupFs};
 use super::procfs;
-
-/// Where cgroup hierarchies are mounted.
-pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// A lease's target on this machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,10 +46,10 @@ impl Target {
     }
 
     /// Whether the target still exists.
-    pub fn exists(&self) -> bool {
+    pub fn exists(&self, fs: &CgroupFs) -> bool {
         match self {
             Target::Pid(p) => Path::new(&format!("/proc/{p}")).exists(),
-            Target::Cgroup(c) => resolve_cgroup(c).is_ok(),
+            Target::Cgroup(c) => fs.resolve(c).is_ok(),
         }
     }
 }
@@ -62,16 +61,19 @@ pub struct ApplyError {
     pub message: String,
 }
 
-fn error_of(e: &io::Error, what: &str) -> ApplyError {
-    let reason = match e.raw_os_error() {
-        Some(libc::ESRCH) | Some(libc::ENOENT) => "not_found",
-        Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::EROFS) => "permission_denied",
-        Some(libc::EINVAL) => "invalid",
-        _ => "failed",
-    };
-    ApplyError {
-        reason,
-        message: format!("{what}: {e}"),
+impl ApplyError {
+    /// A system call's error, with what it was about.
+    pub fn of(e: &io::Error, what: &str) -> ApplyError {
+        let reason = match e.raw_os_error() {
+            Some(libc::ESRCH) | Some(libc::ENOENT) => "not_found",
+            Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::EROFS) => "permission_denied",
+            Some(libc::EINVAL) => "invalid",
+            _ => "failed",
+        };
+        ApplyError {
+            reason,
+            message: format!("{what}: {e}"),
+        }
     }
 }
 
@@ -116,7 +118,7 @@ pub fn set_process_affinity(pid: u32, cpus: &[usize]) -> Result<usize, ApplyErro
     let mut done: Vec<i32> = Vec::new();
     for _pass in 0..8 {
         let tids: Vec<i32> = std::fs::read_dir(&dir)
-            .map_err(|e| error_of(&e, &format!("pid {pid}")))?
+            .map_err(|e| ApplyError::of(&e, &format!("pid {pid}")))?
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
             .filter(|t| !done.contains(t))
             .collect();
@@ -134,7 +136,7 @@ pub fn set_process_affinity(pid: u32, cpus: &[usize]) -> Result<usize, ApplyErro
                 if e.raw_os_error() == Some(libc::ESRCH) && tid != pid as i32 {
                     continue;
                 }
-                return Err(error_of(&e, &format!("pid {pid} thread {tid}")));
+                return Err(ApplyError::of(&e, &format!("pid {pid} thread {tid}")));
             }
             done.push(tid);
         }
@@ -142,67 +144,27 @@ pub fn set_process_affinity(pid: u32, cpus: &[usize]) -> Result<usize, ApplyErro
     Ok(done.len())
 }
 
-/// The cgroup directory `path` names, under the cgroup mounts: the v1
-/// cpuset hierarchy first, then the unified (v2) mounts.
-pub fn resolve_cgroup(path: &str) -> Result<PathBuf, ApplyError> {
-    if path.split('/').any(|s| s == "..") {
-        return Err(ApplyError {
-            reason: "invalid",
-            message: format!("cgroup {path:?}: '..' is not allowed"),
-        });
-    }
-    let rel = path
-        .strip_prefix(CGROUP_ROOT)
-        .unwrap_or(path)
-        .trim_start_matches('/');
-    let direct = Path::new(CGROUP_ROOT).join(rel);
-    let candidates = [
-        direct.clone(),
-        Path::new(CGROUP_ROOT).join("cpuset").join(rel),
-        Path::new(CGROUP_ROOT).join("unified").join(rel),
-    ];
-    for c in candidates {
-        if c.join("cpuset.cpus").is_file() {
-            let real = c
-                .canonicalize()
-                .map_err(|e| error_of(&e, &format!("cgroup {path:?}")))?;
-            if !real.starts_with(CGROUP_ROOT) {
-                return Err(ApplyError {
-                    reason: "invalid",
-                    message: format!("cgroup {path:?} leads outside {CGROUP_ROOT}"),
-                });
-            }
-            return Ok(real);
-        }
-    }
-    Err(ApplyError {
-        reason: "not_found",
-        message: format!(
-            "cgroup {path:?}: no cpuset cgroup there (looked under {CGROUP_ROOT}, its cpuset and unified mounts)"
-        ),
-    })
-}
-
 /// Writes a cgroup's `cpuset.cpus` (and, for an empty v1 `cpuset.mems`,
 /// its parent's memory nodes).
-pub fn set_cgroup_cpus(path: &str, cpulist: &str) -> Result<PathBuf, ApplyError> {
-    let dir = resolve_cgroup(path)?;
+pub fn set_cgroup_cpus(fs: &CgroupFs, path: &str, cpulist: &str) -> Result<PathBuf, ApplyError> {
+    let dir = fs.resolve(path)?;
     let mems = dir.join("cpuset.mems");
     let empty = std::fs::read_to_string(&mems).is_ok_and(|s| s.trim().is_empty());
     if empty && let Some(parent) = dir.parent() {
         let theirs = std::fs::read_to_string(parent.join("cpuset.mems")).unwrap_or_default();
         if !theirs.trim().is_empty() {
             std::fs::write(&mems, theirs.trim())
-                .map_err(|e| error_of(&e, &format!("{}", mems.display())))?;
+                .map_err(|e| ApplyError::of(&e, &format!("{}", mems.display())))?;
         }
     }
     let cpus = dir.join("cpuset.cpus");
-    std::fs::write(&cpus, cpulist).map_err(|e| error_of(&e, &format!("{}", cpus.display())))?;
+    std::fs::write(&cpus, cpulist)
+        .map_err(|e| ApplyError::of(&e, &format!("{}", cpus.display())))?;
     Ok(dir)
 }
 
-/// The cgroup directories (under [`CGROUP_ROOT`]) a lease may be applied
-/// under when the agent is given none: a `fairplace` cgroup and the
+/// The cgroup directories (the machine's names, under [`CGROUP_ROOT`]) a
+/// lease may be applied under when the agent is given none: a `fairplace` cgroup and the
 /// kubelet's pod trees, in the v1 cpuset hierarchy, the unified (v2)
 /// mount of a hybrid machine, or a pure v2 mount.
 pub fn default_roots() -> Vec<PathBuf> {
@@ -224,14 +186,14 @@ pub fn default_roots() -> Vec<PathBuf> {
 /// the pod trees, init, a kernel thread or the agent itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Roots {
+    /// In the agent's mounts ([`CgroupFs::local`]).
     dirs: Vec<PathBuf>,
+    fs: CgroupFs,
 }
 
 impl Default for Roots {
     fn default() -> Roots {
-        Roots {
-            dirs: default_roots(),
-        }
+        Roots::new(default_roots(), CgroupFs::default()).expect("default roots are valid")
     }
 }
 
@@ -244,8 +206,9 @@ fn refused(message: String) -> ApplyError {
 
 impl Roots {
     /// Roots from the command line: absolute paths under [`CGROUP_ROOT`]
-    /// without `..` (a root such as `/` would permit everything).
-    pub fn new(dirs: Vec<PathBuf>) -> Result<Roots, String> {
+    /// without `..` (a root such as `/` would permit everything), as the
+    /// machine names them; found through `fs`.
+    pub fn new(dirs: Vec<PathBuf>, fs: CgroupFs) -> Result<Roots, String> {
         for d in &dirs {
             let bad = !d.is_absolute()
                 || !d.starts_with(CGROUP_ROOT)
@@ -257,11 +220,18 @@ impl Roots {
                 ));
             }
         }
-        Ok(Roots { dirs })
+        let dirs = dirs.iter().map(|d| fs.local(d)).collect();
+        Ok(Roots { dirs, fs })
     }
 
+    /// The roots, in the agent's mounts.
     pub fn dirs(&self) -> &[PathBuf] {
         &self.dirs
+    }
+
+    /// The cgroup tree the roots are in, and every target is found in.
+    pub fn fs(&self) -> &CgroupFs {
+        &self.fs
     }
 
     /// The roots that exist now, canonical. Resolved at every check, not
@@ -284,7 +254,7 @@ impl Roots {
     fn describe(&self) -> String {
         let list = |v: &[PathBuf]| {
             v.iter()
-                .map(|p| p.display().to_string())
+                .map(|p| self.fs.machine(p).display().to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -299,13 +269,13 @@ impl Roots {
     pub fn permits(&self, target: &Target) -> Result<(), ApplyError> {
         match target {
             Target::Cgroup(path) => {
-                let dir = resolve_cgroup(path)?;
+                let dir = self.fs.resolve(path)?;
                 if self.contains(&dir) {
                     return Ok(());
                 }
                 Err(refused(format!(
                     "cgroup {path:?}: {} is outside {}",
-                    dir.display(),
+                    self.fs.machine(&dir).display(),
                     self.describe()
                 )))
             }
@@ -319,7 +289,7 @@ impl Roots {
         }
         let what = format!("pid {pid}");
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map_err(|e| error_of(&e, &what))?;
+            .map_err(|e| ApplyError::of(&e, &what))?;
         let flags = procfs::parse_task_stat(&stat).map_or(0, |t| t.flags);
         if flags & procfs::PF_KTHREAD != 0 {
             return Err(refused(format!("{what}: a kernel thread")));
@@ -327,11 +297,14 @@ impl Roots {
         if tgid(pid)? == std::process::id() {
             return Err(refused(format!("{what}: the agent's own process")));
         }
-        let dirs = process_cgroups(pid)?;
+        let dirs = self.fs.process_cgroups(pid)?;
         if dirs.iter().any(|d| self.contains(d)) {
             return Ok(());
         }
-        let shown: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        let shown: Vec<String> = dirs
+            .iter()
+            .map(|d| self.fs.machine(d).display().to_string())
+            .collect();
         Err(refused(match shown.as_slice() {
             [] => format!("{what}: /proc/{pid}/cgroup names no cpuset or unified cgroup"),
             [one] => format!("{what}: its cgroup {one} is outside {}", self.describe()),
@@ -348,8 +321,8 @@ impl Roots {
 /// is the agent too.
 fn tgid(pid: u32) -> Result<u32, ApplyError> {
     let what = format!("pid {pid}");
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| error_of(&e, &what))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| ApplyError::of(&e, &what))?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("Tgid:"))
@@ -358,46 +331,6 @@ fn tgid(pid: u32) -> Result<u32, ApplyError> {
             reason: "failed",
             message: format!("{what}: no Tgid in /proc/{pid}/status"),
         })
-}
-
-/// Where the unified (v2) hierarchy is mounted: [`CGROUP_ROOT`] itself on
-/// a pure v2 machine, its `unified` directory on a hybrid one.
-fn unified_mount() -> Option<PathBuf> {
-    let root = Path::new(CGROUP_ROOT);
-    [root.to_path_buf(), root.join("unified")]
-        .into_iter()
-        .find(|m| m.join("cgroup.controllers").is_file())
-}
-
-/// The directories of `pid`'s cgroups that can hold a cpuset: its v1
-/// cpuset cgroup and its unified one, from `/proc/PID/cgroup`.
-fn process_cgroups(pid: u32) -> Result<Vec<PathBuf>, ApplyError> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .map_err(|e| error_of(&e, &format!("pid {pid}")))?;
-    Ok(cgroup_dirs(&text, unified_mount().as_deref()))
-}
-
-/// `/proc/PID/cgroup` lines (`ID:controllers:/path`) as directories: the
-/// v1 cpuset line under the cpuset mount, the v2 line (`0::/path`) under
-/// `unified` when there is one.
-fn cgroup_dirs(text: &str, unified: Option<&Path>) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let mut f = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else {
-            continue;
-        };
-        let rel = path.trim_start_matches('/');
-        if controllers.split(',').any(|c| c == "cpuset") {
-            out.push(Path::new(CGROUP_ROOT).join("cpuset").join(rel));
-        } else if id == "0"
-            && controllers.is_empty()
-            && let Some(m) = unified
-        {
-            out.push(m.join(rel));
-        }
-    }
-    out
 }
 
 /// A process's start time (clock ticks after boot, field 22 of its stat):
@@ -432,7 +365,7 @@ fn check_online(cpus: &[usize], cpulist: &str) -> Result<(), ApplyError> {
 
 /// The CPUs `target` may run on now, as a cpulist: what a lease replaces,
 /// and what its end puts back.
-pub fn current_cpus(target: &Target) -> Option<String> {
+pub fn current_cpus(fs: &CgroupFs, target: &Target) -> Option<String> {
     let text = match target {
         Target::Pid(pid) => std::fs::read_to_string(format!("/proc/{pid}/status"))
             .ok()?
@@ -440,23 +373,21 @@ pub fn current_cpus(target: &Target) -> Option<String> {
             .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
             .trim()
             .to_string(),
-        Target::Cgroup(path) => {
-            std::fs::read_to_string(resolve_cgroup(path).ok()?.join("cpuset.cpus"))
-                .ok()?
-                .trim()
-                .to_string()
-        }
+        Target::Cgroup(path) => std::fs::read_to_string(fs.resolve(path).ok()?.join("cpuset.cpus"))
+            .ok()?
+            .trim()
+            .to_string(),
     };
     (!text.is_empty()).then_some(text)
 }
 
 /// The CPUs of a cgroup target's parent cgroup (what an ended lease of a
 /// cgroup falls back to); a process has none.
-pub fn parent_cpus(target: &Target) -> Option<String> {
+pub fn parent_cpus(fs: &CgroupFs, target: &Target) -> Option<String> {
     let Target::Cgroup(path) = target else {
         return None;
     };
-    let dir = resolve_cgroup(path).ok()?;
+    let dir = fs.resolve(path).ok()?;
     let text = std::fs::read_to_string(dir.parent()?.join("cpuset.cpus")).ok()?;
     let text = text.trim();
     (!text.is_empty()).then(|| text.to_string())
@@ -470,7 +401,7 @@ pub fn apply(roots: &Roots, target: &Target, cpulist: &str) -> Result<(), ApplyE
     roots.permits(target)?;
     match target {
         Target::Pid(pid) => set_process_affinity(*pid, &cpus).map(|_| ()),
-        Target::Cgroup(path) => set_cgroup_cpus(path, cpulist).map(|_| ()),
+        Target::Cgroup(path) => set_cgroup_cpus(&roots.fs, path, cpulist).map(|_| ()),
     }
 }
 
@@ -478,8 +409,9 @@ pub fn apply(roots: &Roots, target: &Target, cpulist: &str) -> Result<(), ApplyE
 /// own children).
 #[cfg(test)]
 pub(super) fn own_roots() -> Roots {
-    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-    Roots::new(cgroup_dirs(&text, unified_mount().as_deref())).unwrap()
+    let fs = CgroupFs::default();
+    let own = fs.process_cgroups(std::process::id()).unwrap();
+    Roots::new(own, fs).unwrap()
 }
 
 #[cfg(test)]
@@ -611,14 +543,17 @@ pub(super) mod tests {
         let e = apply(&roots, &Target::Pid(1), "").unwrap_err();
         assert_eq!(e.reason, "invalid", "{e:?}");
         for bad in ["fairplace", "/etc", "/sys/fs/cgroup/../../etc"] {
-            assert!(Roots::new(vec![bad.into()]).is_err(), "{bad}");
+            assert!(
+                Roots::new(vec![bad.into()], CgroupFs::default()).is_err(),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn init_kernel_threads_and_the_agent_itself_are_always_refused() {
         // Roots that hold every cgroup: these are refused anyway.
-        let all = Roots::new(vec![CGROUP_ROOT.into()]).unwrap();
+        let all = Roots::new(vec![CGROUP_ROOT.into()], CgroupFs::default()).unwrap();
         let before = allowed(1);
         let m = refusal(apply(&all, &Target::Pid(1), "0"));
         assert_eq!(m, "pid 1: init is never pinned");
@@ -652,7 +587,7 @@ pub(super) mod tests {
         let Some(cg) = Cpuset::make("proc") else {
             return;
         };
-        let roots = Roots::new(vec![cg.dir.clone()]).unwrap();
+        let roots = Roots::new(vec![cg.dir.clone()], CgroupFs::default()).unwrap();
         let child = Sleeper::start();
         let pid = child.pid();
         let before = allowed(pid);
@@ -681,33 +616,14 @@ pub(super) mod tests {
             .to_str()
             .unwrap()
             .to_string();
-        let roots = Roots::new(vec![other.dir.clone()]).unwrap();
+        let roots = Roots::new(vec![other.dir.clone()], CgroupFs::default()).unwrap();
         let m = refusal(apply(&roots, &Target::Cgroup(name.clone()), "0"));
         assert!(m.starts_with(&format!("cgroup {name:?}: ")), "{m}");
         assert!(m.contains("is outside the apply roots"), "{m}");
         assert_eq!(target.cpus(), before, "a refused cgroup is not written");
         // The same cgroup under a root is written.
-        let roots = Roots::new(vec![target.dir.clone()]).unwrap();
+        let roots = Roots::new(vec![target.dir.clone()], CgroupFs::default()).unwrap();
         apply(&roots, &Target::Cgroup(name), "0").unwrap();
         assert_eq!(target.cpus(), "0");
-    }
-
-    #[test]
-    fn proc_cgroup_lines_map_to_the_cpuset_and_unified_mounts() {
-        let hybrid = "9:name=systemd:/x\n3:cpu,cpuset:/kubepods/pod1\n0::/kubepods/pod1\n";
-        let unified = Path::new("/sys/fs/cgroup/unified");
-        assert_eq!(
-            cgroup_dirs(hybrid, Some(unified)),
-            vec![
-                PathBuf::from("/sys/fs/cgroup/cpuset/kubepods/pod1"),
-                PathBuf::from("/sys/fs/cgroup/unified/kubepods/pod1"),
-            ]
-        );
-        let v2 = "0::/fairplace.slice/job.scope\n";
-        assert_eq!(
-            cgroup_dirs(v2, Some(Path::new(CGROUP_ROOT))),
-            vec![PathBuf::from("/sys/fs/cgroup/fairplace.slice/job.scope")]
-        );
-        assert!(cgroup_dirs(v2, None).is_empty());
     }
 }

@@ -19,6 +19,7 @@ use pb::agent_message::Body;
 
 use super::LeaseSettings;
 use super::apply::{ApplyError, Roots, Target, apply, current_cpus, parent_cpus, process_start};
+use super::cgroupfs::CgroupFs;
 use super::checkpoint::{self, HeldLease};
 
 /// Whether an Ack is the server's push (grants, releases, renewals), not
@@ -66,6 +67,7 @@ pub struct Applier {
     gone: BTreeSet<u64>,
     roots: Roots,
     may_apply: bool,
+    refusal: Option<String>,
     state_file: Option<PathBuf>,
     node_id: String,
     /// The count last added to the `leases_held` gauge (several streams
@@ -86,6 +88,7 @@ impl Applier {
             gone: BTreeSet::new(),
             roots: settings.roots.clone(),
             may_apply: settings.may_apply,
+            refusal: settings.refusal.clone(),
             state_file: settings.state_file.clone(),
             node_id: node_id.to_string(),
             published: 0,
@@ -102,6 +105,7 @@ impl Applier {
                 state_file: None,
                 roots,
                 may_apply: true,
+                refusal: None,
             },
         )
     }
@@ -159,7 +163,10 @@ impl Applier {
                 g.lease_id,
                 Err(ApplyError {
                     reason: "permission_denied",
-                    message: super::APPLY_NEEDS_TRUST.into(),
+                    message: self
+                        .refusal
+                        .clone()
+                        .unwrap_or_else(|| super::APPLY_NEEDS_TRUST.into()),
                 }),
             ));
         }
@@ -177,10 +184,9 @@ impl Applier {
         // process ended meanwhile, maybe while the agent was down: its pid
         // may be another process's now.
         let was_gone = self.gone.contains(&g.lease_id)
-            || self
-                .leases
-                .get(&g.lease_id)
-                .is_some_and(|h| h.applied && h.target.as_ref() == Some(&t) && !alive(h));
+            || self.leases.get(&g.lease_id).is_some_and(|h| {
+                h.applied && h.target.as_ref() == Some(&t) && !alive(self.roots.fs(), h)
+            });
         if was_gone {
             self.leases.remove(&g.lease_id);
             self.gone.insert(g.lease_id);
@@ -190,7 +196,7 @@ impl Applier {
         // the first application only (a re-application keeps the first).
         let before = match self.leases.get(&g.lease_id) {
             Some(h) if h.applied => h.before.clone(),
-            _ => current_cpus(&t),
+            _ => current_cpus(self.roots.fs(), &t),
         };
         let r = apply(&self.roots, &t, &g.cpus);
         match &r {
@@ -226,7 +232,7 @@ impl Applier {
         let Some(t) = h.target.as_ref().filter(|_| h.applied) else {
             return;
         };
-        if !alive(h)
+        if !alive(self.roots.fs(), h)
             || self
                 .leases
                 .values()
@@ -234,7 +240,7 @@ impl Applier {
         {
             return;
         }
-        let back = h.before.clone().or_else(|| parent_cpus(t));
+        let back = h.before.clone().or_else(|| parent_cpus(self.roots.fs(), t));
         let Some(back) = back else {
             return;
         };
@@ -254,7 +260,7 @@ impl Applier {
         let ended: Vec<(u64, Target)> = self
             .leases
             .values()
-            .filter(|h| h.applied && !alive(h))
+            .filter(|h| h.applied && !alive(self.roots.fs(), h))
             .filter_map(|h| Some((h.id, h.target.clone()?)))
             .collect();
         if ended.is_empty() {
@@ -302,15 +308,15 @@ impl Applier {
 
 /// Whether a held lease's target is still there: its cgroup, or the very
 /// process it was applied to (same pid and start time), on this boot.
-fn alive(h: &HeldLease) -> bool {
+fn alive(fs: &CgroupFs, h: &HeldLease) -> bool {
     match &h.target {
         None => true,
         Some(_) if h.stale => false,
         Some(Target::Pid(p)) => match h.pid_start {
             Some(start) => process_start(*p) == Some(start),
-            None => Target::Pid(*p).exists(),
+            None => Target::Pid(*p).exists(fs),
         },
-        Some(t) => t.exists(),
+        Some(t) => t.exists(fs),
     }
 }
 
@@ -393,6 +399,7 @@ mod tests {
             state_file: None,
             roots: own_roots(),
             may_apply: false,
+            refusal: None,
         };
         let mut a = Applier::new("n", &settings);
         let out = a.on_push(&pb::Ack {
@@ -419,6 +426,7 @@ mod tests {
             state_file: Some(checkpoint::state_file(&dir, "n")),
             roots: own_roots(),
             may_apply: true,
+            refusal: None,
         };
         let mut a = Applier::new("n", &settings);
         assert!(a.is_empty());
@@ -467,6 +475,7 @@ mod tests {
             state_file: Some(file),
             roots: own_roots(),
             may_apply: true,
+            refusal: None,
         };
         let mut a = Applier::new("n", &settings);
         assert_eq!(a.held_grants().len(), 1, "reported at registration");

@@ -17,6 +17,7 @@
 pub mod apply;
 #[cfg(feature = "bpf")]
 pub mod bpf;
+pub mod cgroupfs;
 pub mod checkpoint;
 pub mod exact;
 pub mod leases;
@@ -550,6 +551,10 @@ pub struct LeaseSettings {
     /// `--insecure-apply`. Otherwise every such grant is refused (the
     /// leases are still recorded as the node's witness).
     pub may_apply: bool,
+    /// Why grants naming a target are refused when they are, if not for
+    /// want of trust ([`APPLY_NEEDS_TRUST`]): e.g. an agent outside the
+    /// machine's pid namespace ([`cgroupfs::same_pid_namespace`]).
+    pub refusal: Option<String>,
 }
 
 /// Why a grant naming a target was not applied by an agent that does not

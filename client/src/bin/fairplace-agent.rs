@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use fairplace_client::agent::{
-    LeaseSettings, Simulated, Source, StreamConfig, StreamStats, apply, checkpoint, signal, stream,
+    LeaseSettings, Simulated, Source, StreamConfig, StreamStats, apply, cgroupfs, checkpoint,
+    signal, stream,
 };
 use tokio::sync::watch;
 
@@ -65,9 +66,19 @@ struct Args {
     /// sysfs root (for testing against a copy).
     #[arg(long, default_value = "/sys/devices/system")]
     sys_root: String,
-    /// procfs root.
+    /// procfs root, for the signals. Leases name pids as the machine sees
+    /// them and are applied through the agent's own /proc: one that names
+    /// another pid namespace than the agent's (a container's /host/proc
+    /// without hostPID) turns applying off, said at start and in every
+    /// refusal.
     #[arg(long, default_value = "/proc")]
     proc_root: String,
+    /// Where the machine's /sys/fs/cgroup is mounted for the agent: leave
+    /// it on the machine; in a container, mount the machine's there
+    /// (writable, e.g. /host/cgroup). Lease targets and
+    /// --apply-cgroup-root name cgroups as the machine does.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    cgroup_root: PathBuf,
     /// Where per-CPU signals come from: auto (bpf if built in and it
     /// loads, else sched-debug if readable, else procfs, with a log line
     /// per fallback saying why), bpf (the kernel's own values read by a BPF
@@ -259,10 +270,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let labels = parse_labels(&a.labels)?;
     let base = a.node_id.clone().unwrap_or_else(hostname);
+    let fs = cgroupfs::CgroupFs::at(&a.cgroup_root);
     let roots = if a.apply_cgroup_roots.is_empty() {
-        apply::Roots::default()
+        apply::Roots::new(apply::default_roots(), fs)?
     } else {
-        apply::Roots::new(a.apply_cgroup_roots.clone())?
+        apply::Roots::new(a.apply_cgroup_roots.clone(), fs)?
     };
     let state_dir = Some(
         a.state_dir
@@ -272,7 +284,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(d) = &state_dir {
         tracing::info!(dir = %d.display(), "lease checkpoints kept here");
     }
-    let may_apply = may_apply(&a);
+    let refusal = cgroupfs::same_pid_namespace(std::path::Path::new(&a.proc_root)).err();
+    if let Some(why) = &refusal {
+        tracing::warn!("no lease naming a pid or a cgroup is applied: {why}");
+    }
+    let may_apply = may_apply(&a) && refusal.is_none();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let cfg = |id: String| StreamConfig {
@@ -289,6 +305,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             state_file: state_dir.as_deref().map(|d| checkpoint::state_file(d, &id)),
             roots: roots.clone(),
             may_apply,
+            refusal: refusal.clone(),
         },
     };
     match a.simulate {
