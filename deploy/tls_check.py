@@ -8,6 +8,7 @@ health-only port, the agents' csi-driver volume asks the CA issuer for a
 node identity that the admission policy completes, and every SPIFFE ID is
 in the server's trust domain with a known role.
 """
+import fnmatch
 import glob
 import re
 import sys
@@ -65,6 +66,41 @@ SCHEMAS = {
     },
 }
 
+VALIDATIONS = {"type": "array", "items": {"type": "object", "additionalProperties": False, "required": ["rule"],
+                                          "properties": {"rule": {"type": "string"}, "message": {"type": "string"}}}}
+ALLOWED_ONE = {"type": "object", "additionalProperties": False,
+               "properties": {"value": {"type": "string"}, "required": {"type": "boolean"}, "validations": VALIDATIONS}}
+ALLOWED_MANY = {"type": "object", "additionalProperties": False,
+                "properties": {"values": {"type": "array", "items": {"type": "string"}},
+                               "required": {"type": "boolean"}, "validations": VALIDATIONS}}
+SCHEMAS["CertificateRequestPolicy"] = {
+    "type": "object", "additionalProperties": False, "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "policy.cert-manager.io/v1alpha1"}, "kind": {"const": "CertificateRequestPolicy"},
+        "metadata": META,
+        "spec": {
+            "type": "object", "additionalProperties": False, "required": ["selector"],
+            "properties": {
+                "selector": {"type": "object", "additionalProperties": False, "properties": {
+                    "issuerRef": {"type": "object", "additionalProperties": False, "properties": {
+                        "name": {"type": "string"}, "kind": {"type": "string"}, "group": {"type": "string"}}},
+                    "namespace": {"type": "object", "additionalProperties": False, "properties": {
+                        "matchNames": {"type": "array", "items": {"type": "string"}},
+                        "matchLabels": {"type": "object"}}}}},
+                "allowed": {"type": "object", "additionalProperties": False, "properties": {
+                    "commonName": ALLOWED_ONE, "dnsNames": ALLOWED_MANY, "ipAddresses": ALLOWED_MANY,
+                    "uris": ALLOWED_MANY, "emailAddresses": ALLOWED_MANY, "isCA": {"type": "boolean"},
+                    "usages": {"type": "array", "items": {"enum": USAGES}}}},
+                "constraints": {"type": "object", "additionalProperties": False, "properties": {
+                    "minDuration": DURATION, "maxDuration": DURATION,
+                    "privateKey": {"type": "object", "additionalProperties": False, "properties": {
+                        "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                        "minSize": {"type": "integer"}, "maxSize": {"type": "integer"}}}}},
+            },
+        },
+    },
+}
+
 errors = []
 
 
@@ -81,7 +117,7 @@ for f in sorted(glob.glob("kubernetes/*.yaml")):
 by_kind = {}
 for f, d in docs:
     by_kind.setdefault(d["kind"], []).append(d)
-    if d["apiVersion"].startswith("cert-manager.io/"):
+    if d["apiVersion"].startswith(("cert-manager.io/", "policy.cert-manager.io/")):
         try:
             jsonschema.validate(d, SCHEMAS[d["kind"]])
         except (jsonschema.ValidationError, KeyError) as e:
@@ -180,6 +216,143 @@ check('name: "agent-tls"' in expr and f'"spiffe://{td}/node/" + variables.node' 
       "policy: must fill the agent-tls volume's URI SAN with the node")
 bind = one("MutatingAdmissionPolicyBinding", "fairplace-agent-node-identity")
 check(bind.get("spec", {}).get("policyName") == "fairplace-agent-node-identity", "policy binding: wrong policy")
+
+# approver-policy: every identity issued here is permitted by a policy its
+# requester may use, and what a pod could forge is denied. The evaluation
+# follows approver-policy's: a policy is appropriate when its selector
+# matches the request's issuer and namespace and the requester may `use`
+# it; the request is approved when an appropriate policy permits it (every
+# requested value within `allowed`, wildcards '*', required fields present,
+# the constraints met); with no appropriate policy it is never approved.
+def hours(d):
+    total = 0.0
+    for n, unit in re.findall(r"([0-9.]+)(h|m|s)", d or "0h"):
+        total += float(n) * {"h": 1, "m": 1 / 60, "s": 1 / 3600}[unit]
+    return total
+
+
+def wild(pattern, value):
+    return fnmatch.fnmatchcase(value, pattern)
+
+
+def field_ok(allowed, values, many=True):
+    values = [v for v in values if v]
+    if not allowed:
+        return not values
+    if allowed.get("required") and not values:
+        return False
+    pats = allowed.get("values", []) if many else [allowed.get("value", "")]
+    if not all(any(wild(p, v) for p in pats) for v in values):
+        return False
+    # The CEL validations used here are all self.matches('^...$').
+    for rule in allowed.get("validations", []):
+        m = re.fullmatch(r"self\.matches\('(.*)'\)", rule["rule"])
+        check(m, f"approver-policy: cannot model the rule {rule['rule']}")
+        if m and not all(re.search(m.group(1), v) for v in values):
+            return False
+    return True
+
+
+def permits(p, req):
+    a, c = p["spec"].get("allowed", {}), p["spec"].get("constraints", {})
+    return (field_ok(a.get("commonName"), [req.get("cn", "")], many=False)
+            and field_ok(a.get("dnsNames"), req.get("dns", []))
+            and field_ok(a.get("uris"), req.get("uris", []))
+            and field_ok(a.get("ipAddresses"), req.get("ips", []))
+            and set(req.get("usages", [])) <= set(a.get("usages", []))
+            and (not req.get("isCA") or a.get("isCA", False))
+            and ("maxDuration" not in c or hours(req.get("duration")) <= hours(c["maxDuration"]))
+            and c.get("privateKey", {}).get("algorithm", req.get("algo")) == req.get("algo"))
+
+
+roles = {d["metadata"]["name"]: d for d in by_kind.get("Role", [])}
+usable = {}
+for b in by_kind.get("RoleBinding", []):
+    role = roles.get(b["roleRef"]["name"], {})
+    names = [n for r in role.get("rules", []) if "certificaterequestpolicies" in r.get("resources", [])
+             and "use" in r.get("verbs", []) for n in r.get("resourceNames", [])]
+    for sub in b.get("subjects", []):
+        usable.setdefault(f"{sub['namespace']}/{sub['name']}", set()).update(names)
+policies = {d["metadata"]["name"]: d for d in by_kind.get("CertificateRequestPolicy", [])}
+for who, names in usable.items():
+    for n in names:
+        check(n in policies, f"approver-policy: {who} may use {n}, which is not defined")
+CONTROLLER, CSI = "cert-manager/cert-manager", "cert-manager/cert-manager-csi-driver"
+
+
+def approved(requester, req):
+    sel = [p for n, p in policies.items() if n in usable.get(requester, set())
+           and all(wild(p["spec"]["selector"].get("issuerRef", {}).get(k, "*"), req["issuer"][k])
+                   for k in ("name", "kind", "group"))
+           and any(wild(m, "fairplace") for m in
+                   p["spec"]["selector"].get("namespace", {}).get("matchNames", ["*"]))]
+    return any(permits(p, req) for p in sel)
+
+
+def cert_request(c):
+    sp = c["spec"]
+    usages = sp.get("usages") or ["digital signature", "key encipherment"]
+    if sp.get("isCA") and "cert sign" not in usages:
+        usages = usages + ["cert sign"]
+    ref = {"kind": "Issuer", "group": "cert-manager.io", **sp["issuerRef"]}
+    return {"cn": sp.get("commonName", ""), "dns": sp.get("dnsNames", []), "uris": sp.get("uris", []),
+            "ips": sp.get("ipAddresses", []), "usages": usages, "isCA": sp.get("isCA", False),
+            "duration": sp.get("duration", "2160h"), "algo": sp.get("privateKey", {}).get("algorithm", "RSA"),
+            "issuer": ref}
+
+
+for c in certs.values():
+    check(approved(CONTROLLER, cert_request(c)),
+          f"approver-policy: Certificate {c['metadata']['name']} would not be approved")
+node_req = {"cn": "", "uris": [f"spiffe://{td}/node/worker-1"],
+            "usages": [u.strip() for u in attrs.get("csi.cert-manager.io/key-usages", "").split(",")],
+            "duration": attrs.get("csi.cert-manager.io/duration"),
+            "algo": attrs.get("csi.cert-manager.io/key-algorithm"),
+            "issuer": {"name": attrs.get("csi.cert-manager.io/issuer-name"),
+                       "kind": attrs.get("csi.cert-manager.io/issuer-kind"),
+                       "group": attrs.get("csi.cert-manager.io/issuer-group")}}
+check(approved(CSI, node_req), "approver-policy: the agents' csi certificates would not be approved")
+forged = {
+    "an admin URI": {"uris": [f"spiffe://{td}/admin/operator"]},
+    "the server's URI": {"uris": [f"spiffe://{td}/server/fairplace-server"]},
+    "an orchestrator URI": {"uris": [f"spiffe://{td}/orchestrator/default"]},
+    "a node URI with a path": {"uris": [f"spiffe://{td}/node/a/b"]},
+    "a node URI plus a DNS name": {"dns": ["fairplace-server"]},
+    "server auth": {"usages": ["server auth", "digital signature"]},
+    "a CA": {"isCA": True},
+    "a week": {"duration": "168h"},
+    "no URI": {"uris": []},
+}
+for what, change in forged.items():
+    check(not approved(CSI, {**node_req, **change}), f"approver-policy: a csi volume asking for {what} is approved")
+    check(not approved("fairplace/default", {**node_req, **change}),
+          f"approver-policy: a pod's own service account may use a policy ({what})")
+ctl_forged = {"an admin of another name": {"cn": "admin/mallory", "uris": [f"spiffe://{td}/admin/mallory"]},
+              "a node identity": {"cn": "", "uris": [f"spiffe://{td}/node/worker-1"]}}
+admin_req = cert_request(certs.get("fairplace-admin", {"spec": {"issuerRef": {"name": "fairplace-ca"}}}))
+for what, change in ctl_forged.items():
+    check(not approved(CONTROLLER, {**admin_req, **change}), f"approver-policy: a Certificate for {what} is approved")
+vap = one("ValidatingAdmissionPolicy", "fairplace-agent-node-identity-guard")
+vexprs = " ".join(v["expression"] for v in vap.get("spec", {}).get("validations", []))
+check("daemon-set-controller" in vexprs and "'fairplace-agent'" in vexprs and
+      f"'spiffe://{td}/node/' + variables.node[0]" in vexprs,
+      "admission: only the DaemonSet controller's fairplace-agent pods may name their own node")
+vbind = one("ValidatingAdmissionPolicyBinding", "fairplace-agent-node-identity-guard")
+check(vbind.get("spec", {}).get("validationActions") == ["Deny"], "admission: the guard must deny")
+
+# The agent applies through the host's pid namespace and cgroup tree.
+check(apod.get("hostPID") is True, "agent: hostPID is needed (a lease's pid is the host's)")
+check("--proc-root" not in script or "--proc-root /proc " in script,
+      "agent: with hostPID it reads its own /proc (another --proc-root turns applying off)")
+m = re.search(r"--cgroup-root (\S+)", script)
+cg_mount = {mm["name"]: mm for mm in agent.get("volumeMounts", [])}
+cg_vol = [n for n, mm in cg_mount.items() if m and mm["mountPath"] == m.group(1)]
+check(cg_vol and avols.get(cg_vol[0], {}).get("hostPath", {}).get("path") == "/sys/fs/cgroup"
+      and not cg_mount[cg_vol[0]].get("readOnly", False),
+      "agent: --cgroup-root must be the host's /sys/fs/cgroup, mounted writable")
+caps = agent.get("securityContext", {}).get("capabilities", {})
+check(caps.get("drop") == ["ALL"] and "SYS_NICE" in caps.get("add", []),
+      "agent: every capability dropped but the ones used; SYS_NICE pins other users' processes")
 
 # Compose: mutual TLS on by default too.
 comp = yaml.safe_load(open("compose.yaml"))
