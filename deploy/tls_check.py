@@ -335,7 +335,7 @@ for what, change in ctl_forged.items():
 vap = one("ValidatingAdmissionPolicy", "fairplace-agent-node-identity-guard")
 vexprs = " ".join(v["expression"] for v in vap.get("spec", {}).get("validations", []))
 check("daemon-set-controller" in vexprs and "'fairplace-agent'" in vexprs and
-      f"'spiffe://{td}/node/' + variables.node[0]" in vexprs,
+      f"'spiffe://{td}/node/' + variables.node" in vexprs,
       "admission: only the DaemonSet controller's fairplace-agent pods may name their own node")
 vbind = one("ValidatingAdmissionPolicyBinding", "fairplace-agent-node-identity-guard")
 check(vbind.get("spec", {}).get("validationActions") == ["Deny"], "admission: the guard must deny")
