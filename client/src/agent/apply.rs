@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use fairplace_proto::v1 as pb;
 
+pub use super::apply_error::ApplyError;
 use super::cgroupfs::{CGROUP_ROOT, CgroupFs};
 use super::procfs;
 
@@ -50,29 +51,6 @@ impl Target {
         match self {
             Target::Pid(p) => Path::new(&format!("/proc/{p}")).exists(),
             Target::Cgroup(c) => fs.resolve(c).is_ok(),
-        }
-    }
-}
-
-/// Why applying failed, as the protocol names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApplyError {
-    pub reason: &'static str,
-    pub message: String,
-}
-
-impl ApplyError {
-    /// A system call's error, with what it was about.
-    pub fn of(e: &io::Error, what: &str) -> ApplyError {
-        let reason = match e.raw_os_error() {
-            Some(libc::ESRCH) | Some(libc::ENOENT) => "not_found",
-            Some(libc::EPERM) | Some(libc::EACCES) | Some(libc::EROFS) => "permission_denied",
-            Some(libc::EINVAL) => "invalid",
-            _ => "failed",
-        };
-        ApplyError {
-            reason,
-            message: format!("{what}: {e}"),
         }
     }
 }

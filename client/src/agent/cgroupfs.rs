@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use super::apply::ApplyError;
+use super::apply_error::ApplyError;
 
 /// Where the machine mounts its cgroup hierarchies; cgroups are named
 /// under it in leases and flags whatever the agent's own mount is.

@@ -15,6 +15,7 @@
 //! across reconnects and, with a state file, restarts ([`checkpoint`]).
 
 pub mod apply;
+mod apply_error;
 #[cfg(feature = "bpf")]
 pub mod bpf;
 pub mod cgroupfs;

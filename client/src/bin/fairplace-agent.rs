@@ -204,6 +204,56 @@ fn print_once<S: Source>(mut m: S, node_id: &str) -> Result<(), Box<dyn std::err
     Ok(())
 }
 
+/// The agent's metrics, with their help text.
+fn describe_metrics() {
+    metrics::describe_counter!(
+        "fairplace_agent_updates_sent_total",
+        "Updates sent to the server, by kind (full or delta)."
+    );
+    metrics::describe_counter!(
+        "fairplace_agent_reconnects_total",
+        "Times the stream failed and was reopened."
+    );
+    metrics::describe_counter!(
+        "fairplace_agent_rejections_total",
+        "Updates the server rejected, by reason."
+    );
+    metrics::describe_counter!(
+        "fairplace_agent_capped_total",
+        "Tasks or runtime entries left out to fit the server's limits, by part."
+    );
+    metrics::describe_counter!(
+        "fairplace_agent_parts_left_out_total",
+        "Updates sent without a part (tasks, runtime) the server had refused, by part."
+    );
+    metrics::describe_histogram!(
+        "fairplace_agent_send_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time to hand one update to the stream."
+    );
+    metrics::describe_counter!(
+        "fairplace_agent_reads_skipped_total",
+        "Ticks that sent the last state instead of reading sched/debug (read budget spent)."
+    );
+    metrics::describe_histogram!(
+        "fairplace_agent_read_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time to read /proc and /sys for one update."
+    );
+    metrics::describe_counter!(
+        "fairplace_agent_leases_applied_total",
+        "Leases applied to a target, by outcome (ok, or the reason it failed)."
+    );
+    metrics::describe_gauge!(
+        "fairplace_agent_leases_held",
+        "Leases of the node the agent holds (applied or recorded)."
+    );
+    metrics::describe_counter!(
+        "fairplace_agent_checkpoint_errors_total",
+        "Lease checkpoint writes that failed, and checkpoints set aside as unreadable."
+    );
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -221,52 +271,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .with_http_listener(addr)
             .set_buckets(&buckets)?
             .install()?;
-        metrics::describe_counter!(
-            "fairplace_agent_updates_sent_total",
-            "Updates sent to the server, by kind (full or delta)."
-        );
-        metrics::describe_counter!(
-            "fairplace_agent_reconnects_total",
-            "Times the stream failed and was reopened."
-        );
-        metrics::describe_counter!(
-            "fairplace_agent_rejections_total",
-            "Updates the server rejected, by reason."
-        );
-        metrics::describe_counter!(
-            "fairplace_agent_capped_total",
-            "Tasks or runtime entries left out to fit the server's limits, by part."
-        );
-        metrics::describe_counter!(
-            "fairplace_agent_parts_left_out_total",
-            "Updates sent without a part (tasks, runtime) the server had refused, by part."
-        );
-        metrics::describe_histogram!(
-            "fairplace_agent_send_duration_seconds",
-            metrics::Unit::Seconds,
-            "Time to hand one update to the stream."
-        );
-        metrics::describe_counter!(
-            "fairplace_agent_reads_skipped_total",
-            "Ticks that sent the last state instead of reading sched/debug (read budget spent)."
-        );
-        metrics::describe_histogram!(
-            "fairplace_agent_read_duration_seconds",
-            metrics::Unit::Seconds,
-            "Time to read /proc and /sys for one update."
-        );
-        metrics::describe_counter!(
-            "fairplace_agent_leases_applied_total",
-            "Leases applied to a target, by outcome (ok, or the reason it failed)."
-        );
-        metrics::describe_gauge!(
-            "fairplace_agent_leases_held",
-            "Leases of the node the agent holds (applied or recorded)."
-        );
-        metrics::describe_counter!(
-            "fairplace_agent_checkpoint_errors_total",
-            "Lease checkpoint writes that failed, and checkpoints set aside as unreadable."
-        );
+        describe_metrics();
     }
     let labels = parse_labels(&a.labels)?;
     let base = a.node_id.clone().unwrap_or_else(hostname);
