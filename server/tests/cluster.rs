@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use fairplace::cluster::{ClusterRequest, NodeAgg};
+use fairplace::cluster::ClusterRequest;
 use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::group::GroupType;
+use fairplace::engine::group::NodeAgg;
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
 use fairplace::store::{Store, StoreConfig, Update};

@@ -5,7 +5,7 @@
 //! read of the file into per-CPU [`CpuSignals`], [`Reader`] reads it cheaply
 //! again and again, and [`ensure_mounted`] makes debugfs readable. What the
 //! agent does with the values (subtracting itself, idle stamps, task lists)
-//! is in [`super::exact`].
+//! is in `exact.rs`.
 //!
 //! Why this file: it prints, per CPU and under the kernel's own locks, the
 //! runqueue's `nr_running` and clocks (`cpu#N` block), the root `cfs_rq`'s

@@ -9,7 +9,7 @@
 //! chosen node's own slow path picks the CPU.
 //!
 //! The group statistics are kept incrementally: every published snapshot
-//! carries its node's [`NodeAgg`], and the store adds the difference to the
+//! carries its node's [`NodeAgg`] (the engine's), and the store adds the difference to the
 //! node's ancestor groups, O(depth) per report; a pick reads each group's
 //! sums in O(1). [`naive_pick`] recomputes everything from the per-CPU state
 //! and must agree.
@@ -17,12 +17,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use crate::engine::group::{
-    DstDomain, NumaPref, SgLbStats, finish_wakeup_stats, leave_local_group, update_pick_idlest,
-    wakeup_stats,
-};
-use crate::engine::state::{CpuState, GroupSum, NodeState};
-use crate::engine::topology::Topology;
+use crate::engine::group::{DstDomain, NodeAgg, NumaPref, leave_local_group, update_pick_idlest};
+use crate::engine::state::GroupSum;
 
 /// One level of the hierarchy: the label that names its groups and the
 /// domain's imbalance_pct.
@@ -55,50 +51,6 @@ impl Default for ClusterConfig {
             ],
             node_imbalance_pct: 117,
         }
-    }
-}
-
-/// What one node contributes to its groups: its [`GroupSum`] over its
-/// online CPUs, and its topology's CPU count (a task whose lowest allowed
-/// CPU is beyond it cannot run on this node).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NodeAgg {
-    pub sum: GroupSum,
-    pub nr_cpus: i64,
-}
-
-impl NodeAgg {
-    /// The node's sums from its per-CPU state.
-    pub fn of(topo: &Topology, st: &NodeState, util_est: bool) -> NodeAgg {
-        let mut a = NodeAgg {
-            nr_cpus: topo.nr_cpus as i64,
-            ..NodeAgg::default()
-        };
-        for (i, c) in st.cpus.iter().enumerate() {
-            if !c.online {
-                continue;
-            }
-            a.sum.cpus += 1;
-            a.add_cpu(topo, i, c, util_est, 1);
-            a.sum.max_capacity = a.sum.max_capacity.max(c.capacity as i64);
-        }
-        a
-    }
-
-    /// Adds (`sign` 1) or removes (-1) one online CPU's share of the sums
-    /// (not its count or the maximum capacity).
-    #[inline]
-    pub fn add_cpu(&mut self, topo: &Topology, i: usize, c: &CpuState, util_est: bool, sign: i64) {
-        self.sum.add_cpu(c, topo.capacity_orig(i), util_est, sign);
-    }
-
-    /// The node (or group) as classified wakeup statistics at a level of
-    /// `imbalance_pct`: a group of nodes is a group of their CPUs.
-    pub fn stats(&self, imbalance_pct: u32) -> SgLbStats {
-        let weight = self.sum.cpus.clamp(0, u32::MAX as i64) as u32;
-        let mut s = wakeup_stats(&self.sum, weight);
-        finish_wakeup_stats(imbalance_pct, &mut s);
-        s
     }
 }
 

@@ -11,7 +11,8 @@
 //! group's statistics are made from, whether its members are CPUs or whole
 //! nodes) into it.
 
-use super::state::GroupSum;
+use super::state::{CpuState, GroupSum, NodeState};
+use super::topology::Topology;
 
 /// `enum group_type`, in the kernel's numeric order (lower = idler).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -281,5 +282,49 @@ pub fn wakeup_stats(sum: &GroupSum, weight: u32) -> SgLbStats {
         max_capacity: u(sum.max_capacity),
         min_capacity: u(sum.max_capacity),
         ..SgLbStats::default()
+    }
+}
+
+/// What one node contributes to its groups: its [`GroupSum`] over its
+/// online CPUs, and its topology's CPU count (a task whose lowest allowed
+/// CPU is beyond it cannot run on this node).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeAgg {
+    pub sum: GroupSum,
+    pub nr_cpus: i64,
+}
+
+impl NodeAgg {
+    /// The node's sums from its per-CPU state.
+    pub fn of(topo: &Topology, st: &NodeState, util_est: bool) -> NodeAgg {
+        let mut a = NodeAgg {
+            nr_cpus: topo.nr_cpus as i64,
+            ..NodeAgg::default()
+        };
+        for (i, c) in st.cpus.iter().enumerate() {
+            if !c.online {
+                continue;
+            }
+            a.sum.cpus += 1;
+            a.add_cpu(topo, i, c, util_est, 1);
+            a.sum.max_capacity = a.sum.max_capacity.max(c.capacity as i64);
+        }
+        a
+    }
+
+    /// Adds (`sign` 1) or removes (-1) one online CPU's share of the sums
+    /// (not its count or the maximum capacity).
+    #[inline]
+    pub fn add_cpu(&mut self, topo: &Topology, i: usize, c: &CpuState, util_est: bool, sign: i64) {
+        self.sum.add_cpu(c, topo.capacity_orig(i), util_est, sign);
+    }
+
+    /// The node (or group) as classified wakeup statistics at a level of
+    /// `imbalance_pct`: a group of nodes is a group of their CPUs.
+    pub fn stats(&self, imbalance_pct: u32) -> SgLbStats {
+        let weight = self.sum.cpus.clamp(0, u32::MAX as i64) as u32;
+        let mut s = wakeup_stats(&self.sum, weight);
+        finish_wakeup_stats(imbalance_pct, &mut s);
+        s
     }
 }

@@ -4,8 +4,9 @@
 
 use std::time::Instant;
 
-use crate::cluster::{ClusterChoice, ClusterRequest, NodeAgg};
+use crate::cluster::{ClusterChoice, ClusterRequest};
 use crate::engine::cpumask::CpuMask;
+use crate::engine::group::NodeAgg;
 
 use super::Store;
 

@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
-use crate::cluster::NodeAgg;
 use crate::engine::cpumask::CpuMask;
 use crate::engine::features::Kernel;
+use crate::engine::group::NodeAgg;
 use crate::engine::rq::TaskTable;
 use crate::engine::state::{CpuState, MAX_CLOCK, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};

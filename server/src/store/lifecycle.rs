@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
-use crate::cluster::NodeAgg;
+use crate::engine::group::NodeAgg;
 
 use super::{Node, Snapshot, Store, Writer};
 

@@ -57,12 +57,13 @@ pub use tasks::{
     MAX_MASKS_PER_NODE, MAX_RUNTIME_NS, MAX_RUNTIME_PER_CPU, MAX_TASKS_PER_CPU, MAX_TASKS_PER_NODE,
 };
 
-use crate::cluster::{Cluster, ClusterConfig, NodeAgg};
+use crate::cluster::{Cluster, ClusterConfig};
 use crate::engine::balance::Balancer;
 use crate::engine::cache::{CacheParams, CacheState, LlcMap};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::Kind;
 use crate::engine::features::{Features, Kernel, System};
+use crate::engine::group::NodeAgg;
 use crate::engine::rq::TaskTable;
 use crate::engine::state::{CpuState, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};

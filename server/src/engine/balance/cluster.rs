@@ -23,7 +23,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::cluster::NodeAgg;
+use crate::engine::group::NodeAgg;
 use crate::engine::group::{GroupType, SgLbStats, finish_lb_stats, wakeup_stats};
 use crate::engine::rq::{RqTask, TaskTable, h_nr_runnable, rq_add, rq_sub};
 use crate::engine::state::{CpuState, GroupSum, Policy, cpu_util};
