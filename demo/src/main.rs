@@ -84,7 +84,6 @@ async fn start_server(grpc_port: u16, metrics_port: u16) -> Result<Server, Strin
         .map_err(|e| format!("bind a metrics port: {e}"))?;
     let metrics = probe.local_addr().map_err(|e| e.to_string())?;
     drop(probe);
-    fairplace::service::install_metrics(metrics)?;
     let state =
         StateDir(std::env::temp_dir().join(format!("fairplace-demo-state-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&state.0);
@@ -92,10 +91,17 @@ async fn start_server(grpc_port: u16, metrics_port: u16) -> Result<Server, Strin
         leases: fairplace::service::LeaseStorage::Dir(state.0.clone()),
         ..Default::default()
     };
+    let store = fairplace::service::open_store(&cfg).map_err(|e| e.to_string())?;
+    fairplace::exposition::start(metrics, std::sync::Arc::clone(&store), cfg.ready.clone())?;
     let (stop, mut stop_rx) = watch::channel(false);
-    let task = tokio::spawn(fairplace::service::serve(cfg, grpc, async move {
-        let _ = stop_rx.changed().await;
-    }));
+    let task = tokio::spawn(fairplace::service::serve_store(
+        cfg,
+        store,
+        grpc,
+        async move {
+            let _ = stop_rx.changed().await;
+        },
+    ));
     Ok(Server {
         grpc: grpc_addr,
         metrics,

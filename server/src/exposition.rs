@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use http_body_util::Full;
@@ -43,73 +43,74 @@ const DRAIN: Duration = Duration::from_secs(15);
 /// How often the recorder drains its histogram buffers between scrapes.
 const UPKEEP: Duration = Duration::from_secs(5);
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-static STORE: RwLock<Weak<Store>> = RwLock::new(Weak::new());
-static SERVING: AtomicBool = AtomicBool::new(false);
-/// One render at a time: concurrent scrapes wait rather than multiply the
-/// O(nodes) work.
-static RENDER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Whether the server serves: `/healthz` answers 200 while set. Shared by
+/// the exposition (which reads it) and `serve` (which sets it when it
+/// starts and clears it when shutdown begins).
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
 
-/// Serves `/metrics` and `/healthz` on `listener` with the recorder behind
-/// `handle`; returns the bound address. Call once, inside a Tokio runtime.
-pub fn start(
+impl Readiness {
+    pub fn set(&self, serving: bool) {
+        self.0.store(serving, Ordering::SeqCst);
+    }
+
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// What the metrics port serves: the recorder's series and one store's.
+struct Exposition {
     handle: PrometheusHandle,
-    listener: std::net::TcpListener,
-) -> Result<SocketAddr, String> {
+    store: Arc<Store>,
+    ready: Readiness,
+    /// One render at a time: concurrent scrapes wait rather than multiply
+    /// the O(nodes) work.
+    render: tokio::sync::Mutex<()>,
+}
+
+/// Binds `addr`, installs the metrics recorder ([`m::install_recorder`])
+/// and serves `/metrics` (the recorder's series, then `store`'s) and
+/// `/healthz` (per `ready`) there; returns the bound address. Call once,
+/// inside a Tokio runtime.
+pub fn start(addr: SocketAddr, store: Arc<Store>, ready: Readiness) -> Result<SocketAddr, String> {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| format!("metrics address {addr}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     listener
         .set_nonblocking(true)
         .map_err(|e| format!("metrics listener: {e}"))?;
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| format!("metrics listener: {e}"))?;
-    HANDLE
-        .set(handle.clone())
-        .map_err(|_| "metrics endpoint: already started".to_string())?;
+    let handle = m::install_recorder()?;
+    let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(UPKEEP);
         loop {
             tick.tick().await;
-            handle.run_upkeep();
+            upkeep.run_upkeep();
         }
     });
-    tokio::spawn(accept_loop(listener));
+    let exposition = Arc::new(Exposition {
+        handle,
+        store,
+        ready,
+        render: tokio::sync::Mutex::new(()),
+    });
+    tokio::spawn(accept_loop(listener, exposition));
     Ok(addr)
 }
 
-/// Renders the store's series from `store` from now on, and turns
-/// `/healthz` to 200. The store is held weakly: a dropped store renders as
-/// an empty one.
-pub fn expose_store(store: &Arc<Store>) {
-    *STORE.write().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(store);
-    set_serving(true);
+impl Exposition {
+    /// The whole `/metrics` page.
+    fn render(&self) -> String {
+        let mut out = self.handle.render();
+        render_store(Some(&self.store), Instant::now(), &mut out);
+        out
+    }
 }
 
-/// `/healthz` answers 200 while `true`, 503 otherwise (set `false` when
-/// shutdown begins).
-pub fn set_serving(serving: bool) {
-    SERVING.store(serving, Ordering::SeqCst);
-}
-
-pub fn is_serving() -> bool {
-    SERVING.load(Ordering::SeqCst)
-}
-
-/// The whole `/metrics` page: the recorder's series (if a recorder is
-/// installed), then the store's.
-pub fn render() -> String {
-    let mut out = HANDLE
-        .get()
-        .map(PrometheusHandle::render)
-        .unwrap_or_default();
-    let store = STORE
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .upgrade();
-    render_store(store.as_deref(), Instant::now(), &mut out);
-    out
-}
-
-async fn accept_loop(listener: tokio::net::TcpListener) {
+async fn accept_loop(listener: tokio::net::TcpListener, exposition: Arc<Exposition>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
@@ -124,7 +125,9 @@ async fn accept_loop(listener: tokio::net::TcpListener) {
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             continue;
         };
+        let exposition = Arc::clone(&exposition);
         tokio::spawn(async move {
+            let answer = move |req| answer(Arc::clone(&exposition), req);
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
@@ -142,12 +145,16 @@ async fn accept_loop(listener: tokio::net::TcpListener) {
     }
 }
 
-async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    exposition: Arc<Exposition>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let get = matches!(*req.method(), Method::GET | Method::HEAD);
     Ok(match req.uri().path() {
         "/metrics" if get => {
-            let _one = RENDER.lock().await;
-            match tokio::task::spawn_blocking(render).await {
+            let _one = exposition.render.lock().await;
+            let page = Arc::clone(&exposition);
+            match tokio::task::spawn_blocking(move || page.render()).await {
                 Ok(body) => text(
                     StatusCode::OK,
                     "text/plain; version=0.0.4; charset=utf-8",
@@ -161,7 +168,7 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
             }
         }
         "/healthz" if get => {
-            if is_serving() {
+            if exposition.ready.get() {
                 text(StatusCode::OK, "text/plain", "ok\n".into())
             } else {
                 text(
@@ -199,30 +206,11 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     r
 }
 
-/// The metrics rendered here rather than by the recorder (the recorder
-/// never holds them, so each family appears once).
-pub const STORE_RENDERED: [&str; 14] = [
-    m::NODES,
-    m::CLAIMS_OUTSTANDING,
-    m::LEASES_OUTSTANDING,
-    m::CPUS_LEASED,
-    m::NODE_IDLE_CPUS,
-    m::NODE_NR_RUNNING,
-    m::NODE_SCHED_IDLE_CPUS,
-    m::NODE_LLC_UTIL,
-    m::NODE_STATE_AGE,
-    m::NODE_DECISIONS,
-    m::NODE_CACHE_PROCESSES,
-    m::NODE_CACHE_TASKS_PREF,
-    m::NODE_CACHE_TASKS_ON_PREF,
-    m::NODE_SIGNAL_SOURCE,
-];
-
 /// Appends the store's series (families with HELP and TYPE even without
 /// samples; no store renders as an empty one).
 pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
     // One buffer per family, filled in one pass over the nodes.
-    let mut fam: [String; STORE_RENDERED.len()] = Default::default();
+    let mut fam: [String; m::STORE_RENDERED.len()] = Default::default();
     let (mut fresh, mut stale, mut claims) = (0usize, 0usize, 0usize);
     let nodes = store.map(|s| (s, s.nodes())).into_iter();
     for (store, n) in nodes.flat_map(|(s, ns)| ns.into_iter().map(move |n| (s, n))) {
@@ -316,7 +304,7 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
     let (leases, leased) = store.map_or((0, 0), Store::leases_outstanding);
     let _ = writeln!(fam[2], "{} {leases}", m::LEASES_OUTSTANDING);
     let _ = writeln!(fam[3], "{} {leased}", m::CPUS_LEASED);
-    for (name, samples) in STORE_RENDERED.iter().zip(&fam) {
+    for (name, samples) in m::STORE_RENDERED.iter().zip(&fam) {
         let (kind, help) = m::ALL
             .iter()
             .find(|(n, _, _)| n == name)
@@ -411,7 +399,7 @@ mod tests {
         let now = Instant::now();
         let mut empty = String::new();
         render_store(Some(&store), now, &mut empty);
-        for name in STORE_RENDERED {
+        for name in m::STORE_RENDERED {
             assert!(empty.contains(&format!("# TYPE {name} ")), "{name}");
         }
         assert_eq!(

@@ -383,6 +383,7 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
         tls: tls_settings(&a)?,
         trust_domain: a.trust_domain.clone(),
         health_listener: None,
+        ready: Default::default(),
         leases: match a.lease_store.as_str() {
             "memory" => LeaseStorage::Memory,
             _ => LeaseStorage::Dir(
@@ -392,10 +393,14 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
             ),
         },
     };
-    let metrics_addr = fairplace::service::install_metrics(a.metrics_addr)?;
-    // The lease store before the gRPC port: a state directory in use or
+    // The lease store before the ports: a state directory in use or
     // unreadable stops the server before it listens.
     let store = fairplace::service::open_store(&cfg)?;
+    let metrics_addr = fairplace::exposition::start(
+        a.metrics_addr,
+        std::sync::Arc::clone(&store),
+        cfg.ready.clone(),
+    )?;
     let listener = tokio::net::TcpListener::bind(a.grpc_addr).await?;
     let grpc_addr = listener.local_addr()?;
     let mut health_note = String::new();

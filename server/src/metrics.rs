@@ -1,10 +1,9 @@
 //! Prometheus metrics: names, help text and buckets, recorded at the edges
-//! (service and store) from what the engine returns.
-
-use std::net::SocketAddr;
+//! (service and store) from what the engine returns. A leaf: what serves
+//! them (`exposition`) and what records them import this, not the reverse.
 
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 pub const DECISIONS: &str = "fairplace_decisions_total";
 pub const DECISION_SCANNED: &str = "fairplace_decision_scanned_cpus";
@@ -326,6 +325,25 @@ pub const ALL: [(&str, &str, &str); 53] = [
     ),
 ];
 
+/// The metrics rendered here rather than by the recorder (the recorder
+/// never holds them, so each family appears once).
+pub const STORE_RENDERED: [&str; 14] = [
+    NODES,
+    CLAIMS_OUTSTANDING,
+    LEASES_OUTSTANDING,
+    CPUS_LEASED,
+    NODE_IDLE_CPUS,
+    NODE_NR_RUNNING,
+    NODE_SCHED_IDLE_CPUS,
+    NODE_LLC_UTIL,
+    NODE_STATE_AGE,
+    NODE_DECISIONS,
+    NODE_CACHE_PROCESSES,
+    NODE_CACHE_TASKS_PREF,
+    NODE_CACHE_TASKS_ON_PREF,
+    NODE_SIGNAL_SOURCE,
+];
+
 /// Records one task_cache_work pass.
 pub fn record_cache_scan(r: &crate::engine::cache::ScanReport) {
     let s = r.strategy.as_str();
@@ -379,15 +397,12 @@ const AGE_BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Installs the global recorder and serves /metrics and /healthz on `addr`
-/// (see [`crate::exposition`]); returns the bound address.
-pub fn install(addr: SocketAddr) -> Result<SocketAddr, String> {
-    let listener =
-        std::net::TcpListener::bind(addr).map_err(|e| format!("metrics address {addr}: {e}"))?;
+/// Installs the global recorder (buckets, help text, the series that
+/// exist from the start) and returns its handle, which renders it.
+pub fn install_recorder() -> Result<PrometheusHandle, String> {
     let recorder = builder()?.build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|e| format!("metrics recorder: {e}"))?;
-    let bound = crate::exposition::start(handle, listener)?;
     describe();
     // Unlabelled series exist from the start, so a scrape (and an alert on
     // their rate) sees them before the first event.
@@ -417,7 +432,7 @@ pub fn install(addr: SocketAddr) -> Result<SocketAddr, String> {
     metrics::counter!(LEASE_REFUSALS, "policy" => "kernel", "reason" => "leased").absolute(0);
     metrics::counter!(LEASES_ENDED, "how" => "released").absolute(0);
     metrics::counter!(LEASES_RECOVERED, "how" => "loaded").absolute(0);
-    Ok(bound)
+    Ok(handle)
 }
 
 fn builder() -> Result<PrometheusBuilder, String> {
@@ -445,7 +460,7 @@ fn builder() -> Result<PrometheusBuilder, String> {
 /// (The store-rendered metrics write their own.)
 fn describe() {
     for (name, kind, help) in ALL {
-        if crate::exposition::STORE_RENDERED.contains(&name) {
+        if STORE_RENDERED.contains(&name) {
             continue;
         }
         let unit = if name.ends_with("_seconds") {

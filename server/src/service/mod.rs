@@ -12,7 +12,6 @@ pub mod listener;
 pub mod placement;
 pub mod tls;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,6 +62,9 @@ pub struct ServeConfig {
     pub streams: layers::StreamCaps,
     /// Report streams waiting for their Register at once.
     pub max_pending_registrations: usize,
+    /// Set while serving, cleared when shutdown begins: the metrics port's
+    /// `/healthz` reads it ([`crate::exposition::start`]).
+    pub ready: crate::exposition::Readiness,
 }
 
 /// Where a server keeps its leases.
@@ -96,6 +98,7 @@ impl Default for ServeConfig {
             max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
             streams: layers::StreamCaps::default(),
             max_pending_registrations: agent::DEFAULT_MAX_PENDING_REGISTRATIONS,
+            ready: crate::exposition::Readiness::default(),
         }
     }
 }
@@ -196,7 +199,7 @@ pub async fn serve_store(
     })
     .max_decoding_message_size(max);
 
-    let sweeper = tokio::spawn(housekeeping(Arc::clone(&store)));
+    let sweeper = tokio::spawn(housekeeping(Arc::clone(&store), cfg.ready.clone()));
     let lease_expiry = allocate::spawn_expiry(Arc::clone(&store), hub);
 
     // One set of stream caps for both ports: they are totals.
@@ -213,6 +216,7 @@ pub async fn serve_store(
             cfg.heavy_workers + cfg.heavy_queue,
         ));
     let health_on_stop = health.clone();
+    let ready_on_stop = cfg.ready.clone();
     // TLS material is checked before anything is served; a bad file stops
     // the server here.
     let tls = cfg
@@ -253,7 +257,7 @@ pub async fn serve_store(
         tracing::info!(
             "shutting down: health NOT_SERVING, Report streams end, finishing calls in flight"
         );
-        set_not_serving(&health_on_stop).await;
+        set_not_serving(&health_on_stop, &ready_on_stop).await;
         let _ = stopping_tx.send(true);
     };
     // The same router over TLS connections (each handshake a screening
@@ -328,9 +332,12 @@ fn serve_health_only(
     }))
 }
 
-async fn set_not_serving(health: &tonic_health::server::HealthReporter) {
+async fn set_not_serving(
+    health: &tonic_health::server::HealthReporter,
+    ready: &crate::exposition::Readiness,
+) {
     // The metrics port's /healthz too.
-    crate::exposition::set_serving(false);
+    ready.set(false);
     health
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
@@ -349,16 +356,16 @@ async fn set_not_serving(health: &tonic_health::server::HealthReporter) {
 /// the node counts are rendered from the store at scrape time
 /// (`crate::exposition`), so this loop keeps no metrics per node, and claim
 /// expiry visits only the nodes that hold claims.
-async fn housekeeping(store: Arc<Store>) {
-    // /metrics renders this store, and /healthz answers 200, while it runs.
-    crate::exposition::expose_store(&store);
-    struct NotServing;
+async fn housekeeping(store: Arc<Store>, ready: crate::exposition::Readiness) {
+    // /healthz answers 200 while this runs.
+    ready.set(true);
+    struct NotServing(crate::exposition::Readiness);
     impl Drop for NotServing {
         fn drop(&mut self) {
-            crate::exposition::set_serving(false);
+            self.0.set(false);
         }
     }
-    let _not_serving = NotServing;
+    let _not_serving = NotServing(ready);
     let tick =
         (store.config.claim_ttl / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
     let mut interval = tokio::time::interval(tick);
@@ -394,12 +401,4 @@ pub async fn shutdown_signal() {
     {
         let _ = ctrl_c.await;
     }
-}
-
-/// Installs the metrics recorder and serves `/metrics` and `/healthz` on
-/// `addr` (port 0: any free port); returns the bound address. `/healthz`
-/// is 200 while `serve` runs and 503 from the moment shutdown begins (see
-/// [`crate::exposition`]).
-pub fn install_metrics(addr: SocketAddr) -> Result<SocketAddr, String> {
-    m::install(addr)
 }
