@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
-use fairplace::service::allocate::LeaseHub;
 use fairplace::service::heavy::HeavyPool;
+use fairplace::service::lease_hub::LeaseHub;
 use fairplace::service::placement::Placement;
 use fairplace::store::{Node, Store, StoreConfig, Update};
 use fairplace_proto::v1 as pb;

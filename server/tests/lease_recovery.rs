@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
-use fairplace::service::allocate::LeaseHub;
 use fairplace::service::heavy::HeavyPool;
 use fairplace::service::identity::{Caller, Identity, Role};
+use fairplace::service::lease_hub::LeaseHub;
 use fairplace::service::placement::Placement;
 use fairplace::store::durable::redb::RedbLog;
 use fairplace::store::durable::unix_ms_now;

@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert;
 use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
+use super::lease_hub::AckTx;
 use crate::engine::features::Kernel;
 use crate::engine::topology::FieldError;
 use crate::metrics as m;
@@ -37,7 +38,7 @@ pub struct Agent {
     /// True once the server shuts down: every stream ends with UNAVAILABLE.
     pub stopping: watch::Receiver<bool>,
     /// Leases to apply go to the node's stream through here.
-    pub hub: Arc<super::allocate::LeaseHub>,
+    pub hub: Arc<super::lease_hub::LeaseHub>,
     /// Streams opened and not yet registered: each costs a stream and a
     /// task for up to `register_timeout` before anyone has said who it is,
     /// so they are capped apart from registered ones (bounded by the
@@ -53,7 +54,6 @@ pub const DEFAULT_MAX_PENDING_REGISTRATIONS: usize = 4096;
 pub const MAX_HELD_LEASES: usize = crate::engine::cpumask::MAX_CPUS;
 
 type AckStream = Pin<Box<dyn Stream<Item = Result<pb::Ack, Status>> + Send>>;
-pub(crate) type AckTx = mpsc::Sender<Result<pb::Ack, Box<Status>>>;
 
 fn rejected(reason: &'static str) {
     metrics::counter!(m::REPORTS_REJECTED, "reason" => reason).increment(1);
@@ -125,7 +125,7 @@ struct ReportStream {
     tx: AckTx,
     /// Who opened the stream: a node certificate reports only its node.
     caller: Caller,
-    hub: Arc<super::allocate::LeaseHub>,
+    hub: Arc<super::lease_hub::LeaseHub>,
 }
 
 impl ReportStream {

@@ -19,18 +19,16 @@
 //! heavy pool when that product is large; the hub holds one sender per
 //! connected node and one waiter per allocation in flight.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fairplace_proto::v1 as pb;
-use tokio::sync::oneshot;
 use tonic::Status;
 
-use super::agent::AckTx;
 use super::convert;
+use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
-use super::placement::Placement;
+use super::lease_hub::{LeaseHub, grant_pb, target_pb};
 use crate::alloc::{self, Grant, NoRoom, Policy};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::Task;
@@ -40,198 +38,22 @@ use crate::store::{
     Unallocatable, wall_ms,
 };
 
+/// What the lease calls use: the store, the hub to the agents, and the
+/// heavy pool for large allocations.
+pub struct Leasing<'a> {
+    pub store: &'a Arc<Store>,
+    pub hub: &'a Arc<LeaseHub>,
+    pub heavy: &'a HeavyPool,
+}
+
 /// A lease's lifetime when the request gives none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// Longest holder name and cgroup path accepted, in bytes.
 pub const MAX_HOLDER_BYTES: usize = 256;
 pub const MAX_CGROUP_BYTES: usize = 4096;
-/// How long an allocation with `apply` waits for its agent's answer (under
-/// the server's default 2 s request timeout).
-pub const APPLY_TIMEOUT: Duration = Duration::from_millis(1500);
 /// Allocations whose cost (count x online CPUs) is above this run in the
 /// heavy pool, off the async workers.
 const HEAVY_COST: usize = 4096;
-
-/// The connected agents' streams and the allocations waiting for them.
-#[derive(Default)]
-pub struct LeaseHub {
-    streams: Mutex<HashMap<String, (u64, AckTx)>>,
-    /// Lease id -> (node id, the waiting allocation).
-    pending: Mutex<HashMap<u64, (String, oneshot::Sender<pb::ApplyOutcome>)>>,
-}
-
-impl LeaseHub {
-    /// A registered stream: grants for `node` go to `tx` from now on.
-    pub fn attach(&self, node: &str, generation: u64, tx: AckTx) {
-        lock(&self.streams).insert(node.to_string(), (generation, tx));
-    }
-
-    /// The stream of `generation` ended; allocations waiting on it fail now.
-    pub fn detach(&self, node: &str, generation: u64) {
-        let mut s = lock(&self.streams);
-        if s.get(node).is_some_and(|(g, _)| *g == generation) {
-            s.remove(node);
-            lock(&self.pending).retain(|_, (n, _)| n != node);
-        }
-    }
-
-    fn sender(&self, node: &str) -> Option<AckTx> {
-        lock(&self.streams).get(node).map(|(_, tx)| tx.clone())
-    }
-
-    /// After a registration: tells the agent which of its leases it must
-    /// drop (reconciliation) and sends it every live lease of the node, so
-    /// it (re)applies the ones with a target and keeps all on record.
-    pub async fn resend(&self, store: &Store, node: &Node, tx: &AckTx, released: Vec<u64>) {
-        let grants: Vec<pb::LeaseGrant> = store
-            .leases_of(node)
-            .iter()
-            .map(|l| grant_pb(l, &node.id))
-            .collect();
-        if !grants.is_empty() || !released.is_empty() {
-            let ack = pb::Ack {
-                grants,
-                released,
-                ..Default::default()
-            };
-            let _ = tx.send(Ok(ack)).await;
-        }
-    }
-
-    /// Tells the node's agent of a lease it only keeps on record (no
-    /// target), or of a renewal (best effort: the full set is sent again
-    /// at its next registration).
-    fn push(&self, node: &str, ack: pb::Ack) {
-        if let Some(tx) = self.sender(node) {
-            let _ = tx.try_send(Ok(ack));
-        }
-    }
-
-    /// Tells the node's agent that leases ended (best effort: an agent that
-    /// is not connected learns it from the leases re-sent at registration).
-    pub fn notify_released(&self, node: &str, ids: Vec<u64>) {
-        if let Some(tx) = self.sender(node) {
-            let _ = tx.try_send(Ok(pb::Ack {
-                released: ids,
-                ..Default::default()
-            }));
-        }
-    }
-
-    /// An outcome from `node`'s agent: the answer an allocation waits for,
-    /// or an unsolicited report (a re-applied lease, a target gone).
-    pub fn outcome(&self, store: &Store, node: &Node, o: pb::ApplyOutcome) {
-        let waiter = {
-            let mut p = lock(&self.pending);
-            match p.get(&o.lease_id) {
-                Some((n, _)) if *n == node.id => p.remove(&o.lease_id).map(|(_, w)| w),
-                _ => None,
-            }
-        };
-        if let Some(w) = waiter {
-            let _ = w.send(o);
-            return;
-        }
-        // Only this node's own leases: a node may not end another's.
-        if !store.leases_of(node).iter().any(|l| l.id == o.lease_id) {
-            return;
-        }
-        if o.ok {
-            store.mark_lease_applied(node, o.lease_id);
-        } else if matches!(
-            o.reason.as_str(),
-            "gone" | "not_found" | "permission_denied"
-        ) {
-            // The node's own report ends its own lease (checked above);
-            // the log commits it in order, nobody waits for it.
-            if let Ok((_, commit)) = store.release_lease(o.lease_id, |_| Ok::<(), ()>(())) {
-                commit.detach();
-                metrics::counter!(m::LEASES_ENDED, "how" => "target_gone").increment(1);
-                tracing::info!(node = %node.id, lease = o.lease_id, reason = %o.reason, message = %o.message, "lease released: the agent cannot apply it");
-            }
-        } else {
-            tracing::warn!(node = %node.id, lease = o.lease_id, reason = %o.reason, message = %o.message, "the agent could not re-apply a lease");
-        }
-    }
-
-    /// Sends a lease to its node's agent and waits for the outcome.
-    async fn apply(&self, store: &Store, node: &Node, lease: &Lease) -> Result<(), Status> {
-        let q = convert::quote(&node.id);
-        let Some(tx) = self.sender(&node.id) else {
-            return Err(Status::unavailable(format!(
-                "apply: no agent is connected for node {q}"
-            )));
-        };
-        let (wtx, wrx) = oneshot::channel();
-        lock(&self.pending).insert(lease.id, (node.id.clone(), wtx));
-        let ack = pb::Ack {
-            grants: vec![grant_pb(lease, &node.id)],
-            ..Default::default()
-        };
-        let sent = tokio::time::timeout(APPLY_TIMEOUT, tx.send(Ok(ack))).await;
-        if !matches!(sent, Ok(Ok(()))) {
-            lock(&self.pending).remove(&lease.id);
-            return Err(Status::unavailable(format!(
-                "apply: the agent stream of node {q} is not taking messages"
-            )));
-        }
-        let answer = tokio::time::timeout(APPLY_TIMEOUT, wrx).await;
-        lock(&self.pending).remove(&lease.id);
-        match answer {
-            Ok(Ok(o)) if o.ok => {
-                store.mark_lease_applied(node, lease.id);
-                Ok(())
-            }
-            Ok(Ok(o)) => Err(outcome_status(&o)),
-            Ok(Err(_)) => Err(Status::unavailable(format!(
-                "apply: the agent stream of node {q} ended before it answered"
-            ))),
-            Err(_) => Err(Status::deadline_exceeded(format!(
-                "apply: the agent of node {q} did not answer within {} ms",
-                APPLY_TIMEOUT.as_millis()
-            ))),
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The status an agent's failure becomes.
-fn outcome_status(o: &pb::ApplyOutcome) -> Status {
-    let msg = format!("apply: {}", o.message);
-    match o.reason.as_str() {
-        "not_found" | "gone" => Status::not_found(msg),
-        "permission_denied" => Status::permission_denied(msg),
-        "invalid" => Status::invalid_argument(msg),
-        _ => Status::failed_precondition(msg),
-    }
-}
-
-pub fn target_pb(t: &Target) -> pb::ApplyTarget {
-    pb::ApplyTarget {
-        target: Some(match t {
-            Target::Pid(p) => pb::apply_target::Target::Pid(*p),
-            Target::Cgroup(c) => pb::apply_target::Target::Cgroup(c.clone()),
-        }),
-    }
-}
-
-fn grant_pb(l: &Lease, node: &str) -> pb::LeaseGrant {
-    let r = l.record(node);
-    pb::LeaseGrant {
-        lease_id: r.id,
-        cpus: r.cpus,
-        target: r.target.as_ref().map(target_pb),
-        policy: r.policy,
-        holder: r.holder,
-        owner: r.owner,
-        ttl_ms: r.ttl_ms.min(u32::MAX as u64) as u32,
-        expires_at_unix_ms: r.expires_at_ms,
-        granted_at_unix_ms: r.granted_at_ms,
-    }
-}
 
 /// Longest owner (a SPIFFE ID) and policy name a held lease may carry.
 const MAX_OWNER_BYTES: usize = 2048;
@@ -430,9 +252,9 @@ fn check_target(a: &pb::ApplyTarget) -> Result<Target, Status> {
 
 /// The node to allocate on: the named one, or the cluster slow path's
 /// choice among fresh nodes with an allowed online CPU.
-fn choose_node(p: &Placement, r: &pb::AllocateCpusRequest) -> Result<Arc<Node>, Status> {
+fn choose_node(p: &Leasing<'_>, r: &pb::AllocateCpusRequest) -> Result<Arc<Node>, Status> {
     if !r.node_id.is_empty() {
-        return p.node(&r.node_id);
+        return super::registered_node(p.store, &r.node_id);
     }
     let allowed = match r.task.as_ref().map_or("", |t| t.cpus_allowed.as_str()) {
         "" => CpuMask::first_n(MAX_CPUS),
@@ -449,7 +271,7 @@ fn choose_node(p: &Placement, r: &pb::AllocateCpusRequest) -> Result<Arc<Node>, 
     let choice = p.store.cluster_pick(&req, &allowed).ok_or_else(|| {
         Status::failed_precondition("node_id: no fresh node can run the task; name a node")
     })?;
-    p.node(&choice.node)
+    super::registered_node(p.store, &choice.node)
 }
 
 /// The request's task on this node, and the check of `count` against its
@@ -580,12 +402,12 @@ fn refused(policy: &str, reason: &str) {
 
 /// AllocateCpus.
 pub async fn allocate_cpus(
-    p: &Placement,
+    p: Leasing<'_>,
     caller: &Caller,
     r: pb::AllocateCpusRequest,
 ) -> Result<pb::AllocateCpusResponse, Status> {
     let policy_label = Policy::parse(&r.policy).map_or("unknown", Policy::as_str);
-    let out = allocate_inner(p, caller, r).await;
+    let out = allocate_inner(&p, caller, r).await;
     if let Err((reason, _)) = &out {
         refused(policy_label, reason);
     }
@@ -593,22 +415,22 @@ pub async fn allocate_cpus(
 }
 
 async fn allocate_inner(
-    p: &Placement,
+    p: &Leasing<'_>,
     caller: &Caller,
     r: pb::AllocateCpusRequest,
 ) -> Result<pb::AllocateCpusResponse, (&'static str, Status)> {
     let c = check(&r, caller, p.store.config.max_lease_ttl).map_err(|s| ("invalid", s))?;
     let node = choose_node(p, &r).map_err(|s| ("node", s))?;
     let now = Instant::now();
-    let (snap, _) = p.fresh_snapshot(&node, now).map_err(|s| ("node", s))?;
+    let (snap, _) = super::fresh_snapshot(p.store, &node, now).map_err(|s| ("node", s))?;
     let task = node_task(&r, &c, &snap.topo).map_err(|s| ("invalid", s))?;
     let cost = c.count * snap.topo.online.weight();
     drop(snap);
     let c = Arc::new(c);
     let decided = if cost <= HEAVY_COST {
-        decide((&p.store, &p.hub), &node, &task, &c, now)
+        decide((p.store, p.hub), &node, &task, &c, now)
     } else {
-        let (store, hub) = (Arc::clone(&p.store), Arc::clone(&p.hub));
+        let (store, hub) = (Arc::clone(p.store), Arc::clone(p.hub));
         let (n, c2) = (Arc::clone(&node), Arc::clone(&c));
         p.heavy
             .run("allocate", move || {
@@ -626,7 +448,7 @@ async fn allocate_inner(
     }
     let mut applied = false;
     if lease.target.is_some() {
-        if let Err(s) = p.hub.apply(&p.store, &node, &lease).await {
+        if let Err(s) = p.hub.apply(p.store, &node, &lease).await {
             guard.fail("apply_failed");
             return Err(("apply", s));
         }
@@ -688,7 +510,7 @@ fn no_lease(id: u64) -> Status {
 
 /// ReleaseCpus: the owner's or an admin's; durable before it answers.
 pub async fn release_cpus(
-    p: &Placement,
+    p: Leasing<'_>,
     caller: &Caller,
     r: pb::ReleaseCpusRequest,
 ) -> Result<pb::ReleaseCpusResponse, Status> {
@@ -717,7 +539,7 @@ pub async fn release_cpus(
 
 /// RenewLease: the owner's or an admin's; durable before it answers.
 pub async fn renew_lease(
-    p: &Placement,
+    p: Leasing<'_>,
     caller: &Caller,
     r: pb::RenewLeaseRequest,
 ) -> Result<pb::RenewLeaseResponse, Status> {

@@ -8,6 +8,7 @@ pub mod convert;
 pub mod heavy;
 pub mod identity;
 pub mod layers;
+pub mod lease_hub;
 pub mod listener;
 pub mod placement;
 pub mod tls;
@@ -24,7 +25,7 @@ use tonic::transport::Server;
 use tonic_health::pb::health_server::{Health, HealthServer};
 
 use crate::metrics as m;
-use crate::store::{Store, StoreConfig};
+use crate::store::{Node, Snapshot, Store, StoreConfig};
 
 /// Everything `serve` needs; the binary fills it from its flags.
 #[derive(Debug, Clone)]
@@ -173,7 +174,7 @@ pub async fn serve_store(
     let heavy = heavy::HeavyPool::new(cfg.heavy_workers, cfg.heavy_queue);
     // Flips to true when shutdown begins: Report streams end on it.
     let (stopping_tx, stopping) = watch::channel(false);
-    let hub = Arc::new(allocate::LeaseHub::default());
+    let hub = Arc::new(lease_hub::LeaseHub::default());
     let placement = PlacementServiceServer::new(placement::Placement {
         store: Arc::clone(&store),
         heavy: heavy.clone(),
@@ -382,6 +383,47 @@ async fn housekeeping(store: Arc<Store>, ready: crate::exposition::Readiness) {
             store.uncount_stale(now);
             store.forget_stale(now);
         }
+    }
+}
+
+/// The registered node `id` names: INVALID_ARGUMENT when empty, NOT_FOUND
+/// when no such node is registered (both naming `node_id`).
+pub(super) fn registered_node(store: &Store, id: &str) -> Result<Arc<Node>, tonic::Status> {
+    if id.is_empty() {
+        return Err(tonic::Status::invalid_argument(
+            "node_id: must not be empty",
+        ));
+    }
+    store.get(id).ok_or_else(|| {
+        tonic::Status::not_found(format!(
+            "node_id: no node {} is registered",
+            convert::quote(id)
+        ))
+    })
+}
+
+/// The node's current snapshot and its age, refused (FAILED_PRECONDITION)
+/// when it has none yet or is stale.
+pub(super) fn fresh_snapshot(
+    store: &Store,
+    node: &Node,
+    now: Instant,
+) -> Result<(Arc<Snapshot>, f64), tonic::Status> {
+    let snap = node.snapshot();
+    match snap.age(now) {
+        None => Err(tonic::Status::failed_precondition(format!(
+            "node {} has not reported its state yet",
+            convert::quote(&node.id)
+        ))),
+        Some(age) if age > store.config.stale_after => {
+            Err(tonic::Status::failed_precondition(format!(
+                "node {} is stale: last report {:.3} s ago (TTL {:.3} s)",
+                convert::quote(&node.id),
+                age.as_secs_f64(),
+                store.config.stale_after.as_secs_f64()
+            )))
+        }
+        Some(age) => Ok((snap, age.as_secs_f64())),
     }
 }
 

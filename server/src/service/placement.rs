@@ -17,7 +17,7 @@ use crate::engine::decision::{PlaceRequest, Placement as Decision};
 use crate::engine::{View, can_migrate_task, select_task_rq};
 use crate::metrics as m;
 use crate::scenario::decide_value;
-use crate::store::{BalanceRequest, ClusterBalanceRequest, Node, Snapshot, Store};
+use crate::store::{BalanceRequest, ClusterBalanceRequest, Node, Store};
 
 /// How often a claimed placement is decided again when other claims keep
 /// changing the node under it, before it decides under the node's writer.
@@ -28,10 +28,19 @@ pub struct Placement {
     /// Decide and Balance run here, off the async workers.
     pub heavy: HeavyPool,
     /// Carries leases to the agents that apply them.
-    pub hub: Arc<super::allocate::LeaseHub>,
+    pub hub: Arc<super::lease_hub::LeaseHub>,
 }
 
 impl Placement {
+    /// What the lease calls use of the service.
+    fn leasing(&self) -> super::allocate::Leasing<'_> {
+        super::allocate::Leasing {
+            store: &self.store,
+            hub: &self.hub,
+            heavy: &self.heavy,
+        }
+    }
+
     /// A placement on one node, against its live state; with `claim`, decided
     /// again until the claim commits on the snapshot it was decided on.
     async fn pick_on(
@@ -42,7 +51,7 @@ impl Placement {
         let mut attempt = 0;
         loop {
             let now = Instant::now();
-            let (snap, age) = self.fresh_snapshot(node, now)?;
+            let (snap, age) = super::fresh_snapshot(&self.store, node, now)?;
             let (task, preq) = convert::pick_request(r, &snap).map_err(convert::invalid)?;
             let view = View {
                 topo: &snap.topo,
@@ -143,7 +152,7 @@ impl Placement {
         let origin = if r.origin_node.is_empty() {
             None
         } else {
-            let o = self.node(&r.origin_node).map_err(|_| {
+            let o = super::registered_node(&self.store, &r.origin_node).map_err(|_| {
                 Status::not_found(format!(
                     "origin_node: no node {} is registered",
                     convert::quote(&r.origin_node)
@@ -161,7 +170,7 @@ impl Placement {
         })?;
         metrics::counter!(m::CLUSTER_DECISIONS, "level" => choice.level.clone()).increment(1);
         metrics::histogram!(m::CLUSTER_GROUPS_COMPARED).record(choice.compared as f64);
-        let node = self.node(&choice.node)?;
+        let node = super::registered_node(&self.store, &choice.node)?;
         // On the chosen node the task is placed like a fork, from this_cpu
         // on the origin node, else from its lowest allowed online CPU.
         let snap = node.snapshot();
@@ -173,42 +182,6 @@ impl Placement {
         resp.cluster_level = choice.level;
         resp.groups_compared = choice.compared;
         Ok(resp)
-    }
-
-    pub(super) fn node(&self, id: &str) -> Result<Arc<Node>, Status> {
-        if id.is_empty() {
-            return Err(Status::invalid_argument("node_id: must not be empty"));
-        }
-        self.store.get(id).ok_or_else(|| {
-            Status::not_found(format!(
-                "node_id: no node {} is registered",
-                convert::quote(id)
-            ))
-        })
-    }
-
-    /// The node's current snapshot, refused when it is stale.
-    pub(super) fn fresh_snapshot(
-        &self,
-        node: &Node,
-        now: Instant,
-    ) -> Result<(Arc<Snapshot>, f64), Status> {
-        let snap = node.snapshot();
-        match snap.age(now) {
-            None => Err(Status::failed_precondition(format!(
-                "node {} has not reported its state yet",
-                convert::quote(&node.id)
-            ))),
-            Some(age) if age > self.store.config.stale_after => {
-                Err(Status::failed_precondition(format!(
-                    "node {} is stale: last report {:.3} s ago (TTL {:.3} s)",
-                    convert::quote(&node.id),
-                    age.as_secs_f64(),
-                    self.store.config.stale_after.as_secs_f64()
-                )))
-            }
-            Some(age) => Ok((snap, age.as_secs_f64())),
-        }
     }
 }
 
@@ -222,7 +195,7 @@ impl PlacementService for Placement {
         let r = req.into_inner();
         let claim = r.claim;
         let resp = if !r.node_id.is_empty() {
-            let node = self.node(&r.node_id)?;
+            let node = super::registered_node(&self.store, &r.node_id)?;
             self.pick_on(&node, &r).await?
         } else {
             self.pick_on_cluster(r).await?
@@ -238,8 +211,8 @@ impl PlacementService for Placement {
         req: Request<pb::CanMigrateRequest>,
     ) -> Result<Response<pb::CanMigrateResponse>, Status> {
         let r = req.into_inner();
-        let node = self.node(&r.node_id)?;
-        let (snap, _) = self.fresh_snapshot(&node, Instant::now())?;
+        let node = super::registered_node(&self.store, &r.node_id)?;
+        let (snap, _) = super::fresh_snapshot(&self.store, &node, Instant::now())?;
         let (task, env) = convert::migrate_request(&r, &snap).map_err(convert::invalid)?;
         let view = View {
             topo: &snap.topo,
@@ -305,8 +278,8 @@ impl PlacementService for Placement {
                 "cluster_level: a node balance takes no cluster group",
             ));
         }
-        let node = self.node(&r.node_id)?;
-        let (snap, _) = self.fresh_snapshot(&node, Instant::now())?;
+        let node = super::registered_node(&self.store, &r.node_id)?;
+        let (snap, _) = super::fresh_snapshot(&self.store, &node, Instant::now())?;
         let dst_cpus = convert::balance_cpus(&r.cpus, &snap.topo).map_err(convert::invalid)?;
         let breq = BalanceRequest {
             dst_cpus,
@@ -366,7 +339,7 @@ impl PlacementService for Placement {
         req: Request<pb::AllocateCpusRequest>,
     ) -> Result<Response<pb::AllocateCpusResponse>, Status> {
         let caller = Caller::of(req.extensions());
-        super::allocate::allocate_cpus(self, &caller, req.into_inner())
+        super::allocate::allocate_cpus(self.leasing(), &caller, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -376,7 +349,7 @@ impl PlacementService for Placement {
         req: Request<pb::ReleaseCpusRequest>,
     ) -> Result<Response<pb::ReleaseCpusResponse>, Status> {
         let caller = Caller::of(req.extensions());
-        super::allocate::release_cpus(self, &caller, req.into_inner())
+        super::allocate::release_cpus(self.leasing(), &caller, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -386,7 +359,7 @@ impl PlacementService for Placement {
         req: Request<pb::RenewLeaseRequest>,
     ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
         let caller = Caller::of(req.extensions());
-        super::allocate::renew_lease(self, &caller, req.into_inner())
+        super::allocate::renew_lease(self.leasing(), &caller, req.into_inner())
             .await
             .map(Response::new)
     }
