@@ -9,6 +9,7 @@ pub mod engine;
 pub mod exposition;
 pub mod metrics;
 pub mod pki;
+pub mod resolve;
 pub use fairplace_types::quote;
 pub mod scenario;
 pub mod service;

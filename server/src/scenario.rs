@@ -13,6 +13,7 @@ use crate::engine::state::{CpuState, MAX_CLOCK, MAX_SIGNAL, NodeState, Policy, S
 use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, TopologySpec};
 use crate::engine::{View, can_migrate_task, select_task_rq};
 use crate::quote::{field_key, quote};
+use crate::resolve;
 
 /// What a scenario asks.
 #[derive(Debug, Clone)]
@@ -723,19 +724,15 @@ fn parse_task(
             "hot",
         ],
     )?;
-    let given_prev = o.cpu("prev_cpu", n)?;
-    let prev_cpu = if wakeup {
-        given_prev.ok_or_else(|| FieldError::new("task.prev_cpu", "is required for a wakeup"))?
-    } else {
-        task_cpu
+    let cpus = resolve::TaskCpus {
+        prev_cpu: o.cpu("prev_cpu", n)?,
+        recent_used_cpu: match o.map.get("recent_used_cpu") {
+            None => resolve::Recent::Unset,
+            Some(Value::Null) => resolve::Recent::NoCpu,
+            Some(v) => resolve::Recent::Cpu(cpu_value(v, "task.recent_used_cpu", n)?),
+        },
     };
-    let recent_used_cpu = match o.map.get("recent_used_cpu") {
-        None => Some(prev_cpu),
-        Some(Value::Null) => None,
-        Some(v) => Some(cpu_value(v, "task.recent_used_cpu", n)?),
-    };
-    let cpus_allowed = o.cpulist("cpus_allowed", n)?.unwrap_or(CpuMask::first_n(n));
-    let mut t = Task::new(n, prev_cpu);
+    let mut t = Task::new(n, task_cpu);
     t.policy = o.choice(
         "policy",
         &[
@@ -745,10 +742,9 @@ fn parse_task(
         ],
         Policy::Normal,
     )?;
-    t.cpus_allowed = cpus_allowed;
-    t.recent_used_cpu = recent_used_cpu;
-    // Parsed at the types' widths; the value rules are Task::check's, the
-    // same the RPC path applies.
+    t.cpus_allowed = o.cpulist("cpus_allowed", n)?.unwrap_or(CpuMask::first_n(n));
+    // Parsed at the types' widths; the value rules are the resolver's
+    // (Task::check), the same the RPC path applies.
     t.util_avg = o.int_or("util_avg", i64::MIN, i64::MAX, 0)?;
     t.util_est = o.int_or("util_est", i64::MIN, i64::MAX, 0)?;
     t.runnable_avg = o.int_or("runnable_avg", i64::MIN, i64::MAX, 0)?;
@@ -768,9 +764,7 @@ fn parse_task(
     t.blocked = o.bool_or("blocked", false)?;
     t.exec_start = o.int_or("exec_start", i64::MIN, i64::MAX, 0)?;
     t.hot = o.nullable_bool("hot")?;
-    t.check()
-        .map_err(|(f, msg)| FieldError::new(o.field(f), msg))?;
-    Ok(t)
+    resolve::task(t, cpus, wakeup, task_cpu)
 }
 
 fn parse_place_request(
@@ -799,23 +793,7 @@ fn parse_place_request(
     let this_cpu = o
         .cpu("this_cpu", topo.nr_cpus)?
         .ok_or_else(|| FieldError::new("request.this_cpu", "is required"))?;
-    if !topo.online.test(this_cpu) {
-        return Err(FieldError::new(
-            "request.this_cpu",
-            format!("CPU {this_cpu} is offline"),
-        ));
-    }
-    if kind == Kind::Exec {
-        let rq = &st.cpus[this_cpu];
-        if rq.nr_running < 1 || rq.curr_is_idle {
-            return Err(FieldError::new(
-                "request.this_cpu",
-                format!(
-                    "CPU {this_cpu} must be running the exec'ing task (nr_running >= 1, curr_is_idle false)"
-                ),
-            ));
-        }
-    }
+    let this_cpu = resolve::this_cpu(kind, this_cpu, "request.this_cpu", topo, st)?;
     let mut r = PlaceRequest::new(kind, this_cpu);
     r.sync = o.bool_or("sync", false)?;
     r.wf_current_cpu = o.bool_or("wf_current_cpu", false)?;
@@ -858,17 +836,7 @@ fn migrate_cpus(v: &Value, topo: &Topology) -> Result<(usize, usize), FieldError
     let dst = o
         .cpu("dst_cpu", n)?
         .ok_or_else(|| FieldError::new("request.dst_cpu", "is required"))?;
-    for (k, c) in [("src_cpu", src), ("dst_cpu", dst)] {
-        if !topo.online.test(c) {
-            return Err(FieldError::new(o.field(k), format!("CPU {c} is offline")));
-        }
-    }
-    if src == dst {
-        return Err(FieldError::new(
-            "request.dst_cpu",
-            "must differ from src_cpu",
-        ));
-    }
+    resolve::migrate_cpus(src, dst, |f| o.field(f), topo)?;
     Ok((src, dst))
 }
 
@@ -881,54 +849,22 @@ fn parse_migrate_request(
 ) -> Result<MigrateEnv, FieldError> {
     let o = Obj::new(v, "request", &MIGRATE_KEYS)?;
     let n = topo.nr_cpus;
-    let chain = topo.domains(dst);
     let sd_level = match o.map.get("sd_level") {
         Some(Value::Null) => None,
         _ => o.str("sd_level")?,
     };
-    let sd = match sd_level {
-        Some(name) => topo.domain_by_name(dst, name).ok_or_else(|| {
-            let names: Vec<String> = chain.iter().map(|d| d.level.to_string()).collect();
-            FieldError::new(
-                "request.sd_level",
-                format!(
-                    "{} is not a domain of CPU {dst} (it has {})",
-                    quote(name),
-                    names.join(", ")
-                ),
-            )
-        })?,
-        None => chain
-            .iter()
-            .position(|d| topo.span(d.span).test(src))
-            .ok_or_else(|| {
-                FieldError::new(
-                    "request.src_cpu",
-                    format!("no domain of CPU {dst} contains CPU {src}"),
-                )
-            })?,
-    };
-    let dom = &chain[sd];
     let flags = match o.get("flags") {
-        None => lbf::ALL_PINNED,
-        Some(Value::Array(list)) => {
-            let mut f = 0;
-            for (i, x) in list.iter().enumerate() {
-                let field = format!("request.flags[{i}]");
-                let name = x
-                    .as_str()
-                    .ok_or_else(|| FieldError::new(&field, "must be a flag name"))?;
-                let bit = lbf::NAMES
-                    .iter()
-                    .find(|(_, nm)| *nm == name)
-                    .map(|(b, _)| *b)
-                    .ok_or_else(|| {
-                        FieldError::new(&field, format!("{} is not a balance flag", quote(name)))
-                    })?;
-                f |= bit;
-            }
-            f
-        }
+        None => None,
+        Some(Value::Array(list)) => Some(
+            list.iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    x.as_str().ok_or_else(|| {
+                        FieldError::new(format!("request.flags[{i}]"), "must be a flag name")
+                    })
+                })
+                .collect::<Result<Vec<&str>, _>>()?,
+        ),
         Some(_) => {
             return Err(FieldError::new(
                 "request.flags",
@@ -936,15 +872,13 @@ fn parse_migrate_request(
             ));
         }
     };
-    Ok(MigrateEnv {
+    let fields = resolve::MigrateFields {
         src_cpu: src,
         dst_cpu: dst,
-        sd_cpu: dst,
-        sd,
-        dst_group: o
-            .cpulist("dst_group", n)?
-            .unwrap_or(*topo.span(dom.groups[0])),
-        env_cpus: o.cpulist("env_cpus", n)?.unwrap_or(*topo.span(dom.span)),
+        sd_level,
+        flags,
+        dst_group: o.cpulist("dst_group", n)?,
+        env_cpus: o.cpulist("env_cpus", n)?,
         idle: o.choice(
             "idle",
             &[
@@ -964,18 +898,13 @@ fn parse_migrate_request(
             ],
             MigrationType::Load,
         )?,
-        flags,
         nr_balance_failed: o.int_or("nr_balance_failed", 0, u32::MAX as i64, 0)? as u32,
         cache_nice_tries: o
             .int("cache_nice_tries", 0, u32::MAX as i64)?
             .map(|x| x as u32),
         throttled: o.bool_or("throttled", false)?,
-        dst_cfs_nr_queued: o.int_or(
-            "dst_cfs_nr_queued",
-            0,
-            MAX_SIGNAL,
-            st.cpus[dst].cfs_h_nr_queued as i64,
-        )? as u32,
-        now: o.int_or("now", 0, MAX_CLOCK, 0)?,
-    })
+        dst_cfs_nr_queued: o.int("dst_cfs_nr_queued", i64::MIN, i64::MAX)?,
+        now: o.int_or("now", i64::MIN, i64::MAX, 0)?,
+    };
+    resolve::migrate_env(fields, |f| o.field(f), topo, st)
 }

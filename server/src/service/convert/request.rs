@@ -5,9 +5,9 @@ use fairplace_proto::v1 as pb;
 
 use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
-use crate::engine::state::{MAX_CLOCK, MAX_SIGNAL, Task};
+use crate::engine::state::Task;
 use crate::engine::topology::{FieldError, Topology};
-use crate::quote::quote;
+use crate::resolve;
 use crate::store::Snapshot;
 
 use super::{cpu_in, cpulist, err, policy, signal};
@@ -22,27 +22,22 @@ pub fn task(
 ) -> Result<Task, FieldError> {
     let default = pb::Task::default();
     let t = t.unwrap_or(&default);
-    let prev_cpu = if wakeup {
-        let p = t
+    let cpus = resolve::TaskCpus {
+        prev_cpu: t
             .prev_cpu
-            .ok_or_else(|| err("task.prev_cpu", "is required for a wakeup"))?;
-        cpu_in(topo, p, "task.prev_cpu")?
-    } else {
-        task_cpu
+            .map(|p| cpu_in(topo, p, "task.prev_cpu"))
+            .transpose()?,
+        recent_used_cpu: match (t.no_recent_used_cpu, t.recent_used_cpu) {
+            (true, _) => resolve::Recent::NoCpu,
+            (false, None) => resolve::Recent::Unset,
+            (false, Some(r)) => resolve::Recent::Cpu(cpu_in(topo, r, "task.recent_used_cpu")?),
+        },
     };
-    let mut task = Task::new(topo.nr_cpus, prev_cpu);
+    let mut task = Task::new(topo.nr_cpus, task_cpu);
     task.policy = policy(t.policy, "task.policy")?;
     if let Some(m) = cpulist(&t.cpus_allowed, topo, "task.cpus_allowed")? {
         task.cpus_allowed = m;
     }
-    task.recent_used_cpu = if t.no_recent_used_cpu {
-        None
-    } else {
-        match t.recent_used_cpu {
-            Some(r) => Some(cpu_in(topo, r, "task.recent_used_cpu")?),
-            None => Some(prev_cpu),
-        }
-    };
     task.util_avg = t.util_avg;
     task.util_est = t.util_est;
     task.runnable_avg = t.runnable_avg;
@@ -61,9 +56,7 @@ pub fn task(
     task.blocked = t.blocked;
     task.exec_start = t.exec_start;
     task.hot = t.hot;
-    task.check()
-        .map_err(|(f, msg)| err(format!("task.{f}"), msg))?;
-    Ok(task)
+    resolve::task(task, cpus, wakeup, task_cpu)
 }
 
 /// A PickCpu request against a snapshot.
@@ -79,16 +72,7 @@ pub fn pick_request(
         Err(_) => return Err(err("kind", format!("{} is not a request kind", r.kind))),
     };
     let this_cpu = cpu_in(topo, r.this_cpu, "this_cpu")?;
-    if !topo.online.test(this_cpu) {
-        return Err(err("this_cpu", format!("CPU {this_cpu} is offline")));
-    }
-    let rq = &snap.state.cpus[this_cpu];
-    if kind == Kind::Exec && (rq.nr_running < 1 || rq.curr_is_idle) {
-        return Err(err(
-            "this_cpu",
-            format!("CPU {this_cpu} runs no task in the reported state, so no task can exec there"),
-        ));
-    }
+    let this_cpu = resolve::this_cpu(kind, this_cpu, "this_cpu", topo, &snap.state)?;
     let mut req = PlaceRequest::new(kind, this_cpu);
     let w = r.waker.unwrap_or_default();
     req.sync = r.sync;
@@ -132,64 +116,14 @@ pub fn migrate_request(
     let topo = &snap.topo;
     let src = cpu_in(topo, r.src_cpu, "src_cpu")?;
     let dst = cpu_in(topo, r.dst_cpu, "dst_cpu")?;
-    for (f, c) in [("src_cpu", src), ("dst_cpu", dst)] {
-        if !topo.online.test(c) {
-            return Err(err(f, format!("CPU {c} is offline")));
-        }
-    }
-    if src == dst {
-        return Err(err("dst_cpu", "must differ from src_cpu"));
-    }
-    let chain = topo.domains(dst);
-    let sd = if r.sd_level.is_empty() {
-        chain
-            .iter()
-            .position(|d| topo.span(d.span).test(src))
-            .ok_or_else(|| {
-                err(
-                    "src_cpu",
-                    format!("no domain of CPU {dst} contains CPU {src}"),
-                )
-            })?
-    } else {
-        topo.domain_by_name(dst, &r.sd_level).ok_or_else(|| {
-            let names: Vec<String> = chain.iter().map(|d| d.level.to_string()).collect();
-            err(
-                "sd_level",
-                format!(
-                    "{} is not a domain of CPU {dst} (it has {})",
-                    quote(&r.sd_level),
-                    names.join(", ")
-                ),
-            )
-        })?
-    };
-    let dom = &chain[sd];
-    let flags = if r.flags.is_empty() && !r.flags_given {
-        lbf::ALL_PINNED
-    } else {
-        let mut f = 0;
-        for (i, name) in r.flags.iter().enumerate() {
-            f |= lbf::NAMES
-                .iter()
-                .find(|(_, n)| n == name)
-                .map(|(b, _)| *b)
-                .ok_or_else(|| {
-                    err(
-                        format!("flags[{i}]"),
-                        format!("{} is not a balance flag", quote(name)),
-                    )
-                })?;
-        }
-        f
-    };
-    let env = MigrateEnv {
+    let given = !r.flags.is_empty() || r.flags_given;
+    let fields = resolve::MigrateFields {
         src_cpu: src,
         dst_cpu: dst,
-        sd_cpu: dst,
-        sd,
-        dst_group: cpulist(&r.dst_group, topo, "dst_group")?.unwrap_or(*topo.span(dom.groups[0])),
-        env_cpus: cpulist(&r.env_cpus, topo, "env_cpus")?.unwrap_or(*topo.span(dom.span)),
+        sd_level: (!r.sd_level.is_empty()).then_some(r.sd_level.as_str()),
+        flags: given.then(|| r.flags.iter().map(String::as_str).collect()),
+        dst_group: cpulist(&r.dst_group, topo, "dst_group")?,
+        env_cpus: cpulist(&r.env_cpus, topo, "env_cpus")?,
         idle: match pb::IdleType::try_from(r.idle) {
             Ok(pb::IdleType::Idle) => IdleType::Idle,
             Ok(pb::IdleType::NotIdle) => IdleType::NotIdle,
@@ -209,26 +143,13 @@ pub fn migrate_request(
                 ));
             }
         },
-        flags,
         nr_balance_failed: r.nr_balance_failed,
         cache_nice_tries: r.cache_nice_tries,
         throttled: r.throttled,
-        dst_cfs_nr_queued: match r.dst_cfs_nr_queued {
-            Some(q) if q as i64 > MAX_SIGNAL => {
-                return Err(err(
-                    "dst_cfs_nr_queued",
-                    format!("{q} is out of range 0..{MAX_SIGNAL}"),
-                ));
-            }
-            Some(q) => q,
-            None => snap.state.cpus[dst].cfs_h_nr_queued,
-        },
-        now: if (0..=MAX_CLOCK).contains(&r.now) {
-            r.now
-        } else {
-            return Err(err("now", format!("{} is out of range 0..2^62", r.now)));
-        },
+        dst_cfs_nr_queued: r.dst_cfs_nr_queued.map(i64::from),
+        now: r.now,
     };
+    let env = resolve::migrate_env(fields, str::to_string, topo, &snap.state)?;
     let task = task(r.task.as_ref(), topo, false, src)?;
     Ok((task, env))
 }
