@@ -13,8 +13,10 @@ use super::convert;
 use crate::engine::features::{FEATURE_NAMES, Features};
 use crate::store::{Node, Store};
 
-/// The authorization hook: every admin call passes through it with its
-/// method name and metadata. Replace it to plug in real authentication.
+/// The admin service's own check, after the role table (`identity.rs`):
+/// under mutual TLS only an admin certificate reaches SetFeatures at all;
+/// this adds the bearer token (`--admin-token`) on top, and is the one
+/// check without client certificates.
 pub trait Authorize: Send + Sync + 'static {
     fn authorize(&self, method: &str, metadata: &MetadataMap) -> Result<(), Status>;
 }

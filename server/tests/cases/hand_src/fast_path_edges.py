@@ -1,3 +1,9 @@
+"""The fast path's edges and the kernel switches: select_idle_core on SMT8 (first vs last idle CPU),
+a SCHED_IDLE wakee and SCHED_IDLE-only CPUs, exec of a one-CPU-bound task, offline prev and
+bound wakeups or forks, the current CPU, per-CPU kthreads and recent_used_cpu.
+
+Each case() carries its reasoning in generator.why; build.py writes them all to
+../hand.jsonl."""
 from lib import *
 
 # ---------------- SMT8 select_idle_core (PREFER_LAST_IDLE_CPU) ----------------

@@ -1,3 +1,9 @@
+"""Asymmetric capacity (select_idle_capacity, uclamp fitting), the slow path for fork and exec
+(sched_balance_find_dst_group/cpu), the NUMA slow path, and NUMA imbalance with 64 CPUs
+(preferred node, LLCs per node).
+
+Each case() carries its reasoning in generator.why; build.py writes them all to
+../hand.jsonl."""
 from lib import *
 
 # ---------------- asymmetric capacity ----------------

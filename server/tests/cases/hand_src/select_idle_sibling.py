@@ -1,3 +1,9 @@
+"""select_idle_sibling and select_idle_cpu: clusters, nr_idle_scan (SIS_UTIL) on large LLCs,
+probe order, idle-core wrap on interleaved SMT2, idle-core mode, UTIL_EST, an LLC of one
+core, select_idle_smt on SMT4, and the idle predicates.
+
+Each case() carries its reasoning in generator.why; build.py writes them all to
+../hand.jsonl."""
 from lib import *
 
 # ---------------- clusters ----------------

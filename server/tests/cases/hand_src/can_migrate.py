@@ -1,3 +1,9 @@
+"""can_migrate_task: affinity and new_dst_cpu with the LBF flags, running tasks and active
+balancing, task_hot (migration cost, buddies, SMT, NUMA, core cookies, overrides), delayed,
+throttled and ineligible tasks, per-CPU kthreads, migration-disabled tasks.
+
+Each case() carries its reasoning in generator.why; build.py writes them all to
+../hand.jsonl."""
 from lib import *
 
 def cm(src, dst, **kw):

@@ -1,3 +1,8 @@
+"""wake_affine (idle, sync, prev; wake_affine_weight, at SMT level), wake_wide, nodes without
+an LLC domain, and wakeups across NUMA nodes.
+
+Each case() carries its reasoning in generator.why; build.py writes them all to
+../hand.jsonl."""
 from lib import *
 
 # ---------------- wake_affine_idle / sync / prev path ----------------
