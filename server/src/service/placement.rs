@@ -14,7 +14,7 @@ use super::identity::{self, Caller};
 use crate::cluster::ClusterRequest;
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::decision::{PlaceRequest, Placement as Decision};
-use crate::engine::{View, can_migrate_task, select_task_rq};
+use crate::engine::{can_migrate_task, select_task_rq};
 use crate::metrics as m;
 use crate::scenario::decide_value;
 use crate::store::{BalanceRequest, ClusterBalanceRequest, Node, Store};
@@ -53,12 +53,7 @@ impl Placement {
             let now = Instant::now();
             let (snap, age) = super::fresh_snapshot(&self.store, node, now)?;
             let (task, preq) = convert::pick_request(r, &snap).map_err(convert::invalid)?;
-            let view = View {
-                topo: &snap.topo,
-                state: &snap.state,
-                features: &snap.features,
-                system: &self.store.config.system,
-            };
+            let view = snap.view(&self.store.config.system);
             let t0 = Instant::now();
             let p = select_task_rq(view, &task, &preq);
             let took = t0.elapsed().as_secs_f64();
@@ -71,12 +66,7 @@ impl Placement {
                 // Contended: decide once more, holding the node's writer.
                 let sys = self.store.config.system;
                 let (p, version, took) = self.store.claim_locked(node, now, |cur| {
-                    let view = View {
-                        topo: &cur.topo,
-                        state: &cur.state,
-                        features: &cur.features,
-                        system: &sys,
-                    };
+                    let view = cur.view(&sys);
                     let t0 = Instant::now();
                     let p = select_task_rq(view, &task, &preq);
                     let took = t0.elapsed().as_secs_f64();
@@ -129,26 +119,7 @@ impl Placement {
                 return Ok(resp);
             }
         }
-        let levels: Vec<&str> = self
-            .store
-            .cluster
-            .config
-            .levels
-            .iter()
-            .map(|l| l.label.as_str())
-            .collect();
-        let mut selector: Vec<(String, String)> = Vec::new();
-        for (k, v) in &r.selector {
-            if !levels.contains(&k.as_str()) {
-                return Err(Status::invalid_argument(format!(
-                    "selector.{}: only the hierarchy's labels ({}) can select",
-                    convert::field_key(k),
-                    levels.join(", ")
-                )));
-            }
-            selector.push((k.clone(), v.clone()));
-        }
-        selector.sort();
+        let selector = convert::selector(&r.selector, &self.store.cluster.config)?;
         let origin = if r.origin_node.is_empty() {
             None
         } else {
@@ -214,12 +185,7 @@ impl PlacementService for Placement {
         let node = super::registered_node(&self.store, &r.node_id)?;
         let (snap, _) = super::fresh_snapshot(&self.store, &node, Instant::now())?;
         let (task, env) = convert::migrate_request(&r, &snap).map_err(convert::invalid)?;
-        let view = View {
-            topo: &snap.topo,
-            state: &snap.state,
-            features: &snap.features,
-            system: &self.store.config.system,
-        };
+        let view = snap.view(&self.store.config.system);
         let d = can_migrate_task(view, &task, &env);
         let verdict = if d.allowed { "allowed" } else { "refused" };
         metrics::counter!(m::MIGRATE_CHECKS, "verdict" => verdict, "reason" => d.reason.as_str())

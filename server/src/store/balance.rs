@@ -9,7 +9,6 @@
 use std::sync::PoisonError;
 use std::time::Instant;
 
-use crate::engine::View;
 use crate::engine::balance::{BalanceOpts, Balancer, PassStats, Proposal};
 use crate::engine::cache::CacheParams;
 use crate::engine::cpumask::CpuMask;
@@ -93,12 +92,7 @@ impl Store {
             honor_intervals: req.honor_intervals,
             max_proposals: req.max_proposals,
         };
-        let view = View {
-            topo,
-            state: &snap.state,
-            features: &snap.features,
-            system: &self.config.system,
-        };
+        let view = snap.view(&self.config.system);
         let mut proposals = Vec::new();
         let stats = {
             let mut b = if wait {

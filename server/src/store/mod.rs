@@ -180,6 +180,20 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// What the engine reads of this snapshot under `system`: the one way
+    /// a decision, a check or a pass sees a node's reported state.
+    pub fn view<'a>(
+        &'a self,
+        system: &'a crate::engine::features::System,
+    ) -> crate::engine::View<'a> {
+        crate::engine::View {
+            topo: &self.topo,
+            state: &self.state,
+            features: &self.features,
+            system,
+        }
+    }
+
     /// Time since the report behind this state; `None` if there was none.
     pub fn age(&self, now: Instant) -> Option<Duration> {
         self.reported_at.map(|t| now.saturating_duration_since(t))

@@ -168,3 +168,25 @@ pub fn migrate_response(m: &MigrateDecision, snap: &Snapshot) -> pb::CanMigrateR
         state_version: snap.version,
     }
 }
+
+/// A cluster pick's selector: only the hierarchy's own labels select
+/// (INVALID_ARGUMENT naming `selector.KEY` otherwise), in key order.
+pub fn selector(
+    given: &std::collections::HashMap<String, String>,
+    cluster: &crate::cluster::ClusterConfig,
+) -> Result<Vec<(String, String)>, tonic::Status> {
+    let levels: Vec<&str> = cluster.levels.iter().map(|l| l.label.as_str()).collect();
+    let mut out = Vec::with_capacity(given.len());
+    for (k, v) in given {
+        if !levels.contains(&k.as_str()) {
+            return Err(tonic::Status::invalid_argument(format!(
+                "selector.{}: only the hierarchy's labels ({}) can select",
+                super::field_key(k),
+                levels.join(", ")
+            )));
+        }
+        out.push((k.clone(), v.clone()));
+    }
+    out.sort();
+    Ok(out)
+}
