@@ -6,11 +6,11 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use fairplace::cluster::ClusterRequest;
 use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::decision::{Kind, PlaceRequest};
 use fairplace::engine::state::{CpuState, Task};
 use fairplace::engine::{View, select_task_rq};
+use fairplace::store::cluster::ClusterRequest;
 use fairplace::store::{Store, StoreConfig, Update};
 use fairplace_benches::{Lcg, busy_cpu, spec, system};
 

@@ -3,7 +3,6 @@
 //! and, in the binary, as a server.
 
 pub mod alloc;
-pub mod cluster;
 pub mod decide;
 pub mod engine;
 pub mod exposition;

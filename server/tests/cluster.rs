@@ -3,12 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use fairplace::cluster::ClusterRequest;
 use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::group::GroupType;
 use fairplace::engine::group::NodeAgg;
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
+use fairplace::store::cluster::ClusterRequest;
 use fairplace::store::{Store, StoreConfig, Update};
 use proptest::prelude::*;
 

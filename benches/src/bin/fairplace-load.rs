@@ -1299,8 +1299,8 @@ async fn cluster(
     connections: usize,
     concurrency: usize,
 ) {
-    use fairplace::cluster::ClusterRequest;
     use fairplace::engine::cpumask::CpuMask;
+    use fairplace::store::cluster::ClusterRequest;
     use fairplace::store::{Store, StoreConfig, Update};
 
     let chans = channels(&server.grpc, connections).await;

@@ -263,7 +263,7 @@ fn choose_node(p: &Leasing<'_>, r: &pb::AllocateCpusRequest) -> Result<Arc<Node>
     if allowed.is_empty() {
         return Err(invalid("task.cpus_allowed", "must not be empty"));
     }
-    let req = crate::cluster::ClusterRequest {
+    let req = crate::store::cluster::ClusterRequest {
         first_allowed_cpu: allowed.first().unwrap_or(0),
         origin: None,
         selector: Vec::new(),

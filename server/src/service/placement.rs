@@ -11,12 +11,12 @@ use tonic::{Request, Response, Status};
 use super::convert;
 use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
-use crate::cluster::ClusterRequest;
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::decision::{PlaceRequest, Placement as Decision};
 use crate::engine::{can_migrate_task, select_task_rq};
 use crate::metrics as m;
 use crate::scenario::decide_value;
+use crate::store::cluster::ClusterRequest;
 use crate::store::{BalanceRequest, ClusterBalanceRequest, Node, Store};
 
 /// How often a claimed placement is decided again when other claims keep

@@ -29,8 +29,7 @@ use dashmap::DashMap;
 mod balance;
 mod cache;
 mod claims;
-mod cluster_pass;
-mod cluster_pick;
+pub mod cluster;
 pub mod durable;
 mod features;
 mod ingest;
@@ -42,7 +41,7 @@ mod tasks;
 
 pub use balance::{BalanceOutcome, BalanceRequest};
 pub use cache::{CacheSummary, ProcSummary};
-pub use cluster_pass::ClusterBalanceRequest;
+pub use cluster::pass::ClusterBalanceRequest;
 pub use durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError};
 pub use ingest::check_labels;
 pub use labels::LabelPolicy;
@@ -57,7 +56,6 @@ pub use tasks::{
     MAX_MASKS_PER_NODE, MAX_RUNTIME_NS, MAX_RUNTIME_PER_CPU, MAX_TASKS_PER_CPU, MAX_TASKS_PER_NODE,
 };
 
-use crate::cluster::{Cluster, ClusterConfig};
 use crate::engine::balance::Balancer;
 use crate::engine::cache::{CacheParams, CacheState, LlcMap};
 use crate::engine::cpumask::CpuMask;
@@ -67,6 +65,7 @@ use crate::engine::group::NodeAgg;
 use crate::engine::rq::TaskTable;
 use crate::engine::state::{CpuState, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};
+use cluster::{Cluster, ClusterConfig};
 
 /// Tunables of the store.
 #[derive(Debug, Clone)]

@@ -173,7 +173,7 @@ pub fn migrate_response(m: &MigrateDecision, snap: &Snapshot) -> pb::CanMigrateR
 /// (INVALID_ARGUMENT naming `selector.KEY` otherwise), in key order.
 pub fn selector(
     given: &std::collections::HashMap<String, String>,
-    cluster: &crate::cluster::ClusterConfig,
+    cluster: &crate::store::cluster::ClusterConfig,
 ) -> Result<Vec<(String, String)>, tonic::Status> {
     let levels: Vec<&str> = cluster.levels.iter().map(|l| l.label.as_str()).collect();
     let mut out = Vec::with_capacity(given.len());

@@ -15,7 +15,7 @@ use crate::engine::balance::cluster::{
 use crate::engine::topology::FieldError;
 use crate::quote::quote;
 
-use super::Store;
+use crate::store::Store;
 
 #[derive(Debug, Clone, Default)]
 pub struct ClusterBalanceRequest {

@@ -1,14 +1,14 @@
 //! Cluster placement as the store serves it: the hierarchy's incremental
-//! sums walked by [`crate::cluster`], with each candidate node's current
+//! sums walked by [`super`], with each candidate node's current
 //! aggregate read from its snapshot.
 
 use std::time::Instant;
 
-use crate::cluster::{ClusterChoice, ClusterRequest};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::group::NodeAgg;
+use crate::store::cluster::{ClusterChoice, ClusterRequest};
 
-use super::Store;
+use crate::store::Store;
 
 impl Store {
     /// Places a task with no node: the kernel's slow path over the cluster
@@ -45,6 +45,6 @@ impl Store {
                 })
             })
             .collect();
-        crate::cluster::naive_pick(&self.cluster.config, req, &nodes)
+        crate::store::cluster::naive_pick(&self.cluster.config, req, &nodes)
     }
 }

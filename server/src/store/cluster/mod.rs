@@ -1,4 +1,8 @@
-//! Cluster placement: the kernel's slow path applied above the nodes.
+//! Cluster placement: the kernel's slow path applied above the nodes. The
+//! hierarchy and its locked, incrementally kept sums live here, in the
+//! store; the store's picks and passes over it are `pick.rs` and `pass.rs`;
+//! the algorithms they run are the engine's (`engine::group`,
+//! `engine::balance::cluster`).
 //!
 //! Zones, racks (the levels are node labels, configurable) and nodes are the
 //! levels above each node's own NUMA / LLC / core domains. A placement with
@@ -19,6 +23,9 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::engine::group::{DstDomain, NodeAgg, NumaPref, leave_local_group, update_pick_idlest};
 use crate::engine::state::GroupSum;
+
+pub(super) mod pass;
+mod pick;
 
 /// One level of the hierarchy: the label that names its groups and the
 /// domain's imbalance_pct.
