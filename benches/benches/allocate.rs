@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use fairplace::alloc::{self, Policy};
+use fairplace::engine::alloc::{self, Policy};
 use fairplace::engine::decision::{Kind, PlaceRequest};
 use fairplace::engine::state::{CpuState, Task};
 use fairplace::engine::{View, select_task_rq};

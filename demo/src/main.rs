@@ -92,7 +92,11 @@ async fn start_server(grpc_port: u16, metrics_port: u16) -> Result<Server, Strin
         ..Default::default()
     };
     let store = fairplace::service::open_store(&cfg).map_err(|e| e.to_string())?;
-    fairplace::exposition::start(metrics, std::sync::Arc::clone(&store), cfg.ready.clone())?;
+    fairplace::service::exposition::start(
+        metrics,
+        std::sync::Arc::clone(&store),
+        cfg.ready.clone(),
+    )?;
     let (stop, mut stop_rx) = watch::channel(false);
     let task = tokio::spawn(fairplace::service::serve_store(
         cfg,

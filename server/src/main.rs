@@ -42,11 +42,11 @@ enum Cmd {
         file: String,
         /// Longest JSON Lines line (bytes); a longer line is an error for
         /// that line only.
-        #[arg(long, default_value_t = fairplace::decide::DEFAULT_MAX_LINE_BYTES)]
+        #[arg(long, default_value_t = fairplace::offline::decide::DEFAULT_MAX_LINE_BYTES)]
         max_line_bytes: usize,
         /// Largest JSON array or multi-line object (bytes); a larger one is
         /// an error.
-        #[arg(long, default_value_t = fairplace::decide::DEFAULT_MAX_DOCUMENT_BYTES)]
+        #[arg(long, default_value_t = fairplace::offline::decide::DEFAULT_MAX_DOCUMENT_BYTES)]
         max_document_bytes: usize,
     },
     /// Write a development PKI (a CA, a server certificate and client
@@ -260,7 +260,7 @@ fn main() -> ExitCode {
             max_document_bytes,
         } => decide(
             &file,
-            fairplace::decide::Limits {
+            fairplace::offline::decide::Limits {
                 max_line_bytes,
                 max_document_bytes,
             },
@@ -396,7 +396,7 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
     // The lease store before the ports: a state directory in use or
     // unreadable stops the server before it listens.
     let store = fairplace::service::open_store(&cfg)?;
-    let metrics_addr = fairplace::exposition::start(
+    let metrics_addr = fairplace::service::exposition::start(
         a.metrics_addr,
         std::sync::Arc::clone(&store),
         cfg.ready.clone(),
@@ -417,7 +417,7 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
     fairplace::service::serve_store(cfg, store, listener, shutdown_signal()).await
 }
 
-fn decide(file: &str, limits: fairplace::decide::Limits) -> ExitCode {
+fn decide(file: &str, limits: fairplace::offline::decide::Limits) -> ExitCode {
     let input: Box<dyn Read> = if file == "-" {
         Box::new(std::io::stdin().lock())
     } else {
@@ -434,7 +434,7 @@ fn decide(file: &str, limits: fairplace::decide::Limits) -> ExitCode {
     // ready, so a pipe sees each answer as soon as its line is in.
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout().lock());
     let stderr = std::io::stderr();
-    match fairplace::decide::run_stream(input, &mut out, &mut stderr.lock(), limits) {
+    match fairplace::offline::decide::run_stream(input, &mut out, &mut stderr.lock(), limits) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(_) => ExitCode::from(1),
         Err(e) => {
@@ -517,7 +517,7 @@ fn tls_settings(
 }
 
 fn pki(a: &PkiArgs) -> Result<(), Box<dyn std::error::Error>> {
-    use fairplace::pki::{Ca, Leaf};
+    use fairplace::offline::pki::{Ca, Leaf};
     std::fs::create_dir_all(&a.dir)?;
     let exists = |name: &str| a.keep_existing && a.dir.join(format!("{name}.crt")).exists();
     let ca = if exists("ca") {

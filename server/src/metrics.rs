@@ -426,7 +426,7 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
         metrics::gauge!(STREAMS_OPEN, "kind" => kind).set(0.0);
     }
     metrics::counter!(CLAIMS_BY_CALLER, "caller" => "anonymous").absolute(0);
-    for p in crate::alloc::Policy::ALL {
+    for p in crate::engine::alloc::Policy::ALL {
         metrics::counter!(LEASE_GRANTS, "policy" => p.as_str()).absolute(0);
     }
     metrics::counter!(LEASE_REFUSALS, "policy" => "kernel", "reason" => "leased").absolute(0);

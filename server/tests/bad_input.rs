@@ -1,7 +1,7 @@
 //! Every invalid-scenario rule of the format: the scenario is rejected and
 //! the error names the offending field.
 
-use fairplace::scenario::parse;
+use fairplace::offline::scenario::parse;
 use serde_json::{Value, json};
 
 /// 2 nodes x 1 LLC x 2 cores x SMT2 = 8 CPUs, a wakeup.

@@ -2,7 +2,7 @@
 //! hand-worked case per difference from mainline, each decided under both
 //! profiles so the test shows the difference and that mainline is unchanged.
 
-use fairplace::scenario::{decide_value, parse};
+use fairplace::offline::scenario::{decide_value, parse};
 use serde_json::{Value, json};
 
 /// Decides `s` with `kernel` set (None = field absent) and returns

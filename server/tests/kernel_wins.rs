@@ -1,7 +1,7 @@
 //! Places where the scenario format and the kernel's source disagree, and the
 //! engine follows the kernel (see the README's "Kernel over spec" list).
 
-use fairplace::scenario::{Answer, parse};
+use fairplace::offline::scenario::{Answer, parse};
 use serde_json::json;
 
 /// 16 single-thread CPUs in one LLC; the waker on CPU 2 is busy, the wakee's

@@ -509,7 +509,7 @@ async fn a_node_replaced_by_another_topology_keeps_its_leases_and_its_old_object
     );
     // A caller still holding the old node object gets nothing from it.
     let r = p.store.allocate_locked(&old, Instant::now(), |_, _| {
-        Ok::<_, fairplace::alloc::NoRoom>((
+        Ok::<_, fairplace::engine::alloc::NoRoom>((
             (),
             fairplace::store::NewLease {
                 cpus: fairplace::engine::cpumask::CpuMask::first_n(1),

@@ -4,7 +4,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use fairplace::scenario::{Answer, parse};
+use fairplace::offline::scenario::{Answer, parse};
 
 struct Counting;
 

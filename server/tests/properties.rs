@@ -2,7 +2,7 @@
 
 use fairplace::engine::balance::migrate::new_dst_cpu_loop;
 use fairplace::engine::cpumask::CpuMask;
-use fairplace::scenario::{Answer, Request, Scenario, parse};
+use fairplace::offline::scenario::{Answer, Request, Scenario, parse};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 

@@ -1,11 +1,11 @@
-//! A test PKI (rcgen, through `fairplace::pki`) in a temporary directory,
+//! A test PKI (rcgen, through `fairplace::offline::pki`) in a temporary directory,
 //! and TLS channels to a server started with it.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use fairplace::pki::{Ca, Leaf, Pem};
+use fairplace::offline::pki::{Ca, Leaf, Pem};
 pub use fairplace_client::TlsOptions;
 use tonic::transport::Channel;
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fairplace::pki::{Ca, Leaf};
+use fairplace::offline::pki::{Ca, Leaf};
 use fairplace_client::Client;
 use fairplace_e2e::tls::{
     Kind, TestPki, TlsOptions, call_empty, channel, replace_file, server_leaf,

@@ -47,7 +47,7 @@ fn compare(seed: u64, count: usize) {
     let oracle = python(&["oracle.py", "-"], Some(&file));
     let mut ours = Vec::new();
     let mut err = Vec::new();
-    let bad = fairplace::decide::run(&scenarios, &mut ours, &mut err).unwrap();
+    let bad = fairplace::offline::decide::run(&scenarios, &mut ours, &mut err).unwrap();
     std::fs::remove_file(&file).ok();
     assert_eq!(
         bad,

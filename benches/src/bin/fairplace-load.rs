@@ -199,7 +199,7 @@ impl Server {
 
     /// A server on mutual TLS, with a PKI made in a temporary directory.
     fn start_mtls(cpus: &str, threads: usize) -> Server {
-        use fairplace::pki::{Ca, Leaf};
+        use fairplace::offline::pki::{Ca, Leaf};
         let dir = std::env::temp_dir().join(format!("fairplace-load-pki-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let ca = Ca::new("fairplace-load CA").unwrap();

@@ -5,6 +5,7 @@
 //! `decide`, the service and the benchmarks all call the same functions:
 //! [`select_task_rq`] for wakeup, fork and exec, and [`can_migrate_task`].
 
+pub mod alloc;
 pub mod balance;
 pub mod cache;
 pub(crate) mod ctx;
@@ -12,6 +13,7 @@ pub mod decision;
 pub mod features;
 pub mod group;
 pub mod placement;
+pub mod resolve;
 pub mod rq;
 pub mod state;
 pub mod topology;

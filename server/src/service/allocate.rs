@@ -2,7 +2,7 @@
 //! leases to the agents that apply them.
 //!
 //! An allocation is validated (every field named in its refusal), decided
-//! by a policy of `crate::alloc` under the node's writer (so concurrent
+//! by a policy of `crate::engine::alloc` under the node's writer (so concurrent
 //! allocations never share a CPU) and committed as a lease in the store,
 //! where it counts in every later decision; the call answers only once the
 //! lease log made it durable. With `apply`, the lease goes to the node's
@@ -29,7 +29,7 @@ use super::convert;
 use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
 use super::lease_hub::{LeaseHub, grant_pb, target_pb};
-use crate::alloc::{self, Grant, NoRoom, Policy};
+use crate::engine::alloc::{self, Grant, NoRoom, Policy};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::Task;
 use crate::metrics as m;

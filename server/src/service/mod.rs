@@ -5,6 +5,7 @@ pub mod admin;
 pub mod agent;
 pub mod allocate;
 pub mod convert;
+pub mod exposition;
 pub mod heavy;
 pub mod identity;
 pub mod layers;
@@ -64,8 +65,8 @@ pub struct ServeConfig {
     /// Report streams waiting for their Register at once.
     pub max_pending_registrations: usize,
     /// Set while serving, cleared when shutdown begins: the metrics port's
-    /// `/healthz` reads it ([`crate::exposition::start`]).
-    pub ready: crate::exposition::Readiness,
+    /// `/healthz` reads it ([`crate::service::exposition::start`]).
+    pub ready: crate::service::exposition::Readiness,
 }
 
 /// Where a server keeps its leases.
@@ -99,7 +100,7 @@ impl Default for ServeConfig {
             max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
             streams: layers::StreamCaps::default(),
             max_pending_registrations: agent::DEFAULT_MAX_PENDING_REGISTRATIONS,
-            ready: crate::exposition::Readiness::default(),
+            ready: crate::service::exposition::Readiness::default(),
         }
     }
 }
@@ -335,7 +336,7 @@ fn serve_health_only(
 
 async fn set_not_serving(
     health: &tonic_health::server::HealthReporter,
-    ready: &crate::exposition::Readiness,
+    ready: &crate::service::exposition::Readiness,
 ) {
     // The metrics port's /healthz too.
     ready.set(false);
@@ -355,12 +356,12 @@ async fn set_not_serving(
 
 /// Claim expiry and forgetting long-dead nodes. The per-node series and
 /// the node counts are rendered from the store at scrape time
-/// (`crate::exposition`), so this loop keeps no metrics per node, and claim
+/// (`crate::service::exposition`), so this loop keeps no metrics per node, and claim
 /// expiry visits only the nodes that hold claims.
-async fn housekeeping(store: Arc<Store>, ready: crate::exposition::Readiness) {
+async fn housekeeping(store: Arc<Store>, ready: crate::service::exposition::Readiness) {
     // /healthz answers 200 while this runs.
     ready.set(true);
-    struct NotServing(crate::exposition::Readiness);
+    struct NotServing(crate::service::exposition::Readiness);
     impl Drop for NotServing {
         fn drop(&mut self) {
             self.0.set(false);

@@ -5,9 +5,9 @@ use fairplace_proto::v1 as pb;
 
 use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
+use crate::engine::resolve;
 use crate::engine::state::Task;
 use crate::engine::topology::{FieldError, Topology};
-use crate::resolve;
 use crate::store::Snapshot;
 
 use super::{cpu_in, cpulist, err, policy, signal};

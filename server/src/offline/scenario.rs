@@ -9,11 +9,11 @@ use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, Mig
 use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
 use crate::engine::features::{Features, Kernel, SERVICE_ONLY, System};
+use crate::engine::resolve;
 use crate::engine::state::{CpuState, MAX_CLOCK, MAX_SIGNAL, NodeState, Policy, SharedHint, Task};
 use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, TopologySpec};
 use crate::engine::{View, can_migrate_task, select_task_rq};
 use crate::quote::{field_key, quote};
-use crate::resolve;
 
 /// What a scenario asks.
 #[derive(Debug, Clone)]

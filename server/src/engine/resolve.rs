@@ -1,5 +1,5 @@
 //! Request fields into the engine's inputs, with one set of rules for both
-//! formats that carry them: the JSON scenarios (`scenario.rs`) and the
+//! formats that carry them: the JSON scenarios (`offline/scenario.rs`) and the
 //! protobuf requests (`service/convert/request.rs`). A format only
 //! extracts its fields (types, ranges of the numbers it parses, CPU ids
 //! within the node) and names them; what a field means against the node
@@ -12,7 +12,7 @@ use crate::engine::cpumask::CpuMask;
 use crate::engine::decision::Kind;
 use crate::engine::state::{MAX_CLOCK, MAX_SIGNAL, NodeState, Task};
 use crate::engine::topology::{FieldError, Topology};
-use crate::quote::quote;
+use fairplace_types::quote::quote;
 
 /// `recent_used_cpu` as a request gives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

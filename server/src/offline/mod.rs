@@ -1,0 +1,8 @@
+//! The offline tools of `fairplace-server`: `decide` runs scenario files
+//! through the engine with no server (the JSON format of `scenario`, the
+//! kernel harness's and the differential tests' way in), and `pki` writes
+//! a development PKI.
+
+pub mod decide;
+pub mod pki;
+pub mod scenario;
