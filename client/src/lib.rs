@@ -2,7 +2,7 @@
 //! placements and migration checks, with a deadline on every call and
 //! retries while the server is UNAVAILABLE.
 
-pub mod agent;
+pub mod host;
 pub mod run;
 pub mod table;
 pub mod verified;

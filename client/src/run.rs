@@ -26,8 +26,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::{Code, Status};
 
-use crate::agent::apply;
-use crate::agent::cgroupfs::CgroupFs;
+use crate::host::apply;
+use crate::host::cgroupfs::CgroupFs;
+use crate::host::{procfs, sysfs};
 use crate::{Client, pb};
 
 /// What `fairplace run` was asked.
@@ -158,13 +159,13 @@ pub async fn obtain(client: Option<&Client>, o: &RunOptions) -> Result<Cpus, Str
 /// The local fallback: the `count` least busy online CPUs of this machine
 /// by their runqueues now (fewest runnable tasks, then lowest id).
 fn local(o: &RunOptions, why: String) -> Result<Cpus, String> {
-    let mut m = crate::agent::Machine::local().map_err(|e| format!("local fallback: {e}"))?;
-    use crate::agent::Source;
-    let mut cpus: Vec<(u32, u32)> = m
-        .sample()
+    let fail = |e: std::io::Error| format!("local fallback: {e}");
+    let online = sysfs::read_online(std::path::Path::new("/sys/devices/system")).map_err(fail)?;
+    let nr_cpus = online.iter().max().map_or(0, |&c| c as usize + 1);
+    let rq = procfs::read_runqueues(std::path::Path::new("/proc"), nr_cpus).map_err(fail)?;
+    let mut cpus: Vec<(u32, u32)> = online
         .iter()
-        .filter(|c| c.online)
-        .map(|c| (c.nr_running, c.id))
+        .map(|&c| (rq.nr_running[c as usize], c))
         .collect();
     if cpus.len() < o.count as usize {
         return Err(format!(

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use fairplace_client::agent::{Simulated, Source, StreamConfig, StreamStats, signal, stream};
+use fairplace_agent::{Simulated, Source, StreamConfig, StreamStats, signal, stream};
 use fairplace_client::table::{migration_type_name, render};
 use fairplace_client::{Client, pb};
 use tokio::sync::watch;

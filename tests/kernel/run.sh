@@ -54,7 +54,7 @@ log "building the guest program (static) and fairplace"
 (cd "$ROOT/tests/kernel/guest" && RUSTFLAGS="-C target-feature=+crt-static" \
     cargo build --release --quiet --target x86_64-unknown-linux-gnu)
 GUEST="$ROOT/tests/kernel/guest/target/x86_64-unknown-linux-gnu/release/fairplace-kernel-guest"
-(cd "$ROOT" && cargo build --quiet -p fairplace-server --bin fairplace-server -p fairplace-client --bin fairplace-agent)
+(cd "$ROOT" && cargo build --quiet -p fairplace-server --bin fairplace-server -p fairplace-agent --bin fairplace-agent)
 DECIDE="$ROOT/target/debug/fairplace-server"
 AGENT="$ROOT/target/debug/fairplace-agent"
 

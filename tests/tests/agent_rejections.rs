@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use fairplace_agent::{Source, StreamConfig, StreamStats, TaskReport, stream};
 use fairplace_client::Client;
-use fairplace_client::agent::{Source, StreamConfig, StreamStats, TaskReport, stream};
 use fairplace_e2e::{Server, pb, states, topology};
 use tokio::sync::watch;
 

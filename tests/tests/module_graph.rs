@@ -19,6 +19,7 @@ type Module = Vec<String>;
 const CRATES: &[&str] = &[
     "server/src",
     "client/src",
+    "client/agent/src",
     "types/src",
     "proto/src",
     "benches/src",

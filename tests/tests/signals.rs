@@ -43,8 +43,8 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
+use fairplace_agent::sched_debug;
 use fairplace_client::Client;
-use fairplace_client::agent::sched_debug;
 use fairplace_e2e::{Agent, Server, pb};
 
 /// Children killed when the test ends, however it ends.
@@ -255,7 +255,7 @@ fn the_agent_reports_the_kernels_own_signals() {
 fn the_bpf_source_reports_the_kernels_own_signals() {
     // Skipped, saying why, where the program cannot load (no privilege, no
     // BTF): the agent would refuse --signal-source bpf.
-    if let Err(why) = fairplace_client::agent::bpf::Program::load(1) {
+    if let Err(why) = fairplace_agent::bpf::Program::load(1) {
         println!("skipped: the BPF program does not load here ({why})");
         return;
     }

@@ -899,5 +899,5 @@ async fn decide_cmd(cli: &Cli, args: &DecideArgs) -> Result<(), String> {
 
 /// A node's signal source as `fairplace nodes` and `fairplace node` print it.
 fn signal_name(source: i32) -> &'static str {
-    fairplace_client::agent::signal::name(source)
+    fairplace_client::host::signal_source_name(source)
 }

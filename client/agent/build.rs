@@ -1,5 +1,5 @@
-//! Build script of fairplace-client: with the `bpf` feature, compiles the
-//! agent's BPF program (src/agent/bpf/snapshot.bpf.c) into a CO-RE object
+//! Build script of fairplace-agent: with the `bpf` feature, compiles the
+//! agent's BPF program (src/bpf/snapshot.bpf.c) into a CO-RE object
 //! and generates its Rust skeleton in OUT_DIR. Without the feature it does
 //! nothing, so the default build needs no clang and no libelf.
 
@@ -12,7 +12,7 @@ fn main() {
 mod bpf {
     use std::path::PathBuf;
 
-    const SRC: &str = "src/agent/bpf/snapshot.bpf.c";
+    const SRC: &str = "src/bpf/snapshot.bpf.c";
 
     pub fn build() {
         let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));

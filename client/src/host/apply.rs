@@ -383,21 +383,21 @@ pub fn apply(roots: &Roots, target: &Target, cpulist: &str) -> Result<(), ApplyE
     }
 }
 
-/// Roots that permit this process's own cgroups (for tests that pin their
-/// own children).
-#[cfg(test)]
-pub(super) fn own_roots() -> Roots {
-    let fs = CgroupFs::default();
-    let own = fs.process_cgroups(std::process::id()).unwrap();
-    Roots::new(own, fs).unwrap()
-}
-
-#[cfg(test)]
-pub(super) mod tests {
+/// Helpers for tests that pin real processes, here and in the agent's
+/// crate (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
     use super::*;
 
+    /// Roots that permit this process's own cgroups (so its children's).
+    pub fn own_roots() -> Roots {
+        let fs = CgroupFs::default();
+        let own = fs.process_cgroups(std::process::id()).unwrap();
+        Roots::new(own, fs).unwrap()
+    }
+
     /// CPUs this process may use, from /proc.
-    pub(in crate::agent) fn allowed(pid: u32) -> String {
+    pub fn allowed(pid: u32) -> String {
         let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         s.lines()
             .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
@@ -407,10 +407,10 @@ pub(super) mod tests {
     }
 
     /// A `sleep` child, killed and reaped when dropped.
-    pub(in crate::agent) struct Sleeper(std::process::Child);
+    pub struct Sleeper(std::process::Child);
 
     impl Sleeper {
-        pub(in crate::agent) fn start() -> Sleeper {
+        pub fn start() -> Sleeper {
             Sleeper(
                 std::process::Command::new("sleep")
                     .arg("30")
@@ -419,11 +419,11 @@ pub(super) mod tests {
             )
         }
 
-        pub(in crate::agent) fn pid(&self) -> u32 {
+        pub fn pid(&self) -> u32 {
             self.0.id()
         }
 
-        pub(in crate::agent) fn stop(&mut self) {
+        pub fn stop(&mut self) {
             let _ = self.0.kill();
             let _ = self.0.wait();
         }
@@ -434,6 +434,12 @@ pub(super) mod tests {
             self.stop();
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{Sleeper, allowed, own_roots};
+    use super::*;
 
     /// A real v1 cpuset cgroup under the cpuset mount, with its parent's
     /// CPUs and memory nodes; its tasks go back to the parent and it is
@@ -486,9 +492,6 @@ pub(super) mod tests {
             let _ = std::fs::remove_dir(&self.dir);
         }
     }
-
-    /// Roots that permit the test's own cgroups (and so its children's).
-    use super::own_roots;
 
     fn refusal(r: Result<(), ApplyError>) -> String {
         let e = r.unwrap_err();

@@ -6,7 +6,7 @@
 use super::record::tests::{Writer, task};
 use super::record::{self, CpuRec, RanRec, Snapshot};
 use super::*;
-use crate::agent::sysfs;
+use crate::sysfs;
 
 fn cpu(id: u32, nr: u32, queued: u32, runnable: u32) -> CpuRec {
     CpuRec {

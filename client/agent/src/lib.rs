@@ -1,4 +1,7 @@
 //! fairplace-agent: reads a machine's CPU state and streams it to the server.
+//! A crate of its own, so the client library and the CLI do not carry it;
+//! what it shares with `fairplace run` (reading /sys and /proc, applying CPU
+//! sets) is the client library's `host` module.
 //!
 //! A [`Source`] produces the topology once and per-CPU states on every tick:
 //! [`Machine`] reads this machine's sysfs and procfs, [`Simulated`] makes up
@@ -14,24 +17,19 @@
 //! naming a target inside its apply roots ([`apply`]) and keeps them all,
 //! across reconnects and, with a state file, restarts ([`checkpoint`]).
 
-pub mod apply;
-mod apply_error;
 #[cfg(feature = "bpf")]
 pub mod bpf;
-pub mod cgroupfs;
 pub mod checkpoint;
 pub mod exact;
 pub mod leases;
 pub mod limits;
-pub mod pelt;
-pub mod procfs;
 mod report;
 pub mod sched_debug;
 pub mod signal;
-pub mod sysfs;
-pub mod tasks;
-#[cfg(test)]
-mod temp_tree;
+
+// What the agent shares with `fairplace run`: reading this machine and
+// applying CPU sets to it.
+pub use fairplace_client::host::{apply, cgroupfs, pelt, procfs, sysfs, tasks};
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -531,9 +529,9 @@ pub struct StreamConfig {
     pub max_message_bytes: usize,
     /// TLS towards the server (a node certificate for mutual TLS); read
     /// again at every reconnect.
-    pub tls: crate::TlsOptions,
+    pub tls: fairplace_client::TlsOptions,
     /// With TLS, the server's certificate must carry
-    /// `spiffe://TRUST_DOMAIN/server/NAME` ([`crate::verified`]).
+    /// `spiffe://TRUST_DOMAIN/server/NAME` ([`fairplace_client::verified`]).
     pub trust_domain: String,
     /// Where the node's leases are kept and what they may be applied to.
     pub leases: LeaseSettings,

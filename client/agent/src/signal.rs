@@ -13,8 +13,6 @@
 
 use std::path::{Path, PathBuf};
 
-use fairplace_proto::v1 as pb;
-
 use super::{Machine, Source, exact::Exact, sched_debug};
 
 /// The `--signal-source` choices.
@@ -34,7 +32,7 @@ impl std::str::FromStr for Choice {
             "auto" => Ok(Choice::Auto),
             "bpf" if cfg!(feature = "bpf") => Ok(Choice::Bpf),
             "bpf" => Err(
-                "bpf: this agent was built without the BPF source (build fairplace-client with \
+                "bpf: this agent was built without the BPF source (build fairplace-agent with \
                  --features bpf, which needs clang and libelf-dev)"
                     .into(),
             ),
@@ -140,18 +138,13 @@ fn try_sched_debug(path: &Path) -> Result<sched_debug::Reader, String> {
 
 /// A source as `fairplace nodes` prints it and metrics label it.
 pub fn name(source: i32) -> &'static str {
-    match pb::SignalSource::try_from(source) {
-        Ok(pb::SignalSource::Procfs) => "procfs",
-        Ok(pb::SignalSource::SchedDebug) => "sched_debug",
-        Ok(pb::SignalSource::Bpf) => "bpf",
-        Ok(pb::SignalSource::Simulated) => "simulated",
-        Ok(pb::SignalSource::Unspecified) | Err(_) => "unspecified",
-    }
+    fairplace_client::host::signal_source_name(source)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fairplace_proto::v1 as pb;
 
     #[test]
     fn choices_parse_and_bpf_needs_the_feature() {

@@ -163,7 +163,7 @@ fn fit_to_server(u: &mut pb::Update, cfg: &StreamConfig, sent: &mut Sent) {
 /// A channel to the server, with keepalive so a silently dropped
 /// connection is noticed.
 /// Over TLS the server must also prove it is a fairplace server
-/// ([`crate::verified`]): the agent obeys what it says.
+/// ([`fairplace_client::verified`]): the agent obeys what it says.
 async fn connect(cfg: &StreamConfig) -> Result<AgentServiceClient<Channel>, String> {
     let endpoint = |e: tonic::transport::Endpoint| {
         e.connect_timeout(Duration::from_secs(3))
@@ -172,15 +172,20 @@ async fn connect(cfg: &StreamConfig) -> Result<AgentServiceClient<Channel>, Stri
             .keep_alive_while_idle(true)
     };
     let channel = if cfg.tls.enabled() {
-        let plain = crate::TlsOptions::default().endpoint(&cfg.server)?;
-        crate::verified::connect(endpoint(plain), &cfg.server, &cfg.tls, &cfg.trust_domain)
-            .await
-            .map_err(|e| format!("connect: {e}"))?
+        let plain = fairplace_client::TlsOptions::default().endpoint(&cfg.server)?;
+        fairplace_client::verified::connect(
+            endpoint(plain),
+            &cfg.server,
+            &cfg.tls,
+            &cfg.trust_domain,
+        )
+        .await
+        .map_err(|e| format!("connect: {e}"))?
     } else {
         endpoint(cfg.tls.endpoint(&cfg.server)?)
             .connect()
             .await
-            .map_err(|e| format!("connect: {e}: {}", crate::source_chain(&e)))?
+            .map_err(|e| format!("connect: {e}: {}", fairplace_client::source_chain(&e)))?
     };
     Ok(AgentServiceClient::new(channel)
         .max_decoding_message_size(16 << 20)

@@ -323,8 +323,7 @@ fn alive(fs: &CgroupFs, h: &HeldLease) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::apply::own_roots;
-    use crate::agent::apply::tests::{Sleeper, allowed};
+    use crate::apply::testing::{Sleeper, allowed, own_roots};
 
     fn grant(id: u64, target: Option<pb::apply_target::Target>) -> pb::LeaseGrant {
         pb::LeaseGrant {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use fairplace_client::agent::{
+use fairplace_agent::{
     LeaseSettings, Simulated, Source, StreamConfig, StreamStats, apply, cgroupfs, checkpoint,
     signal, stream,
 };
