@@ -227,11 +227,7 @@ impl Source for Exact {
     }
 
     fn signal_source(&self) -> pb::SignalSource {
-        if self.failed {
-            pb::SignalSource::Procfs
-        } else {
-            pb::SignalSource::SchedDebug
-        }
+        crate::source_or_procfs(self.failed, pb::SignalSource::SchedDebug)
     }
 
     fn sample(&mut self) -> Vec<pb::CpuState> {

@@ -45,6 +45,16 @@ pub struct TaskReport {
     pub runtime: Vec<pb::ProcessRuntime>,
 }
 
+/// What a source that reads the kernel's own signals reports: its own
+/// name, or procfs once it fell back to reading /proc.
+pub(crate) fn source_or_procfs(failed: bool, own: pb::SignalSource) -> pb::SignalSource {
+    if failed {
+        pb::SignalSource::Procfs
+    } else {
+        own
+    }
+}
+
 /// Where a node's state comes from.
 pub trait Source: Send + 'static {
     fn topology(&self) -> pb::Topology;

@@ -338,11 +338,7 @@ impl Source for Bpf {
     }
 
     fn signal_source(&self) -> pb::SignalSource {
-        if self.failed {
-            pb::SignalSource::Procfs
-        } else {
-            pb::SignalSource::Bpf
-        }
+        crate::source_or_procfs(self.failed, pb::SignalSource::Bpf)
     }
 
     fn sample(&mut self) -> Vec<pb::CpuState> {
