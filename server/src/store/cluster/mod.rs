@@ -124,15 +124,20 @@ impl Group {
             .collect()
     }
 
-    /// Every node counted under this group, in path then name order.
-    pub fn all_nodes(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .nodes
+    /// The nodes counted directly in this group (at the last level), in
+    /// name order.
+    pub fn own_nodes(&self) -> Vec<String> {
+        self.nodes
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .keys()
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Every node counted under this group, in path then name order.
+    pub fn all_nodes(&self) -> Vec<String> {
+        let mut out = self.own_nodes();
         for (_, c) in self.child_groups() {
             out.extend(c.all_nodes());
         }

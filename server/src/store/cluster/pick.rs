@@ -91,13 +91,7 @@ impl Cluster {
                 None => node.clone(),
             });
         if depth == self.config.levels.len() {
-            let names: Vec<String> = g
-                .nodes
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .keys()
-                .cloned()
-                .collect();
+            let names = g.own_nodes();
             let cands: Vec<(String, NodeAgg, i64, String)> = names
                 .into_iter()
                 .filter_map(|id| node_agg(&id).map(|a| (id.clone(), a, 1, id)))
