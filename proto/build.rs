@@ -7,6 +7,9 @@ const PROTOS: [&str; 4] = [
     "fairplace/v1/admin.proto",
 ];
 
+/// The subset of etcd's v3 API the replicas speak (`fairplace::replica`).
+const ETCD: &str = "etcd/etcdserverpb.proto";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for p in PROTOS {
         println!("cargo:rerun-if-changed={p}");
@@ -21,5 +24,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;
+    // etcd's v3 API, as far as the replicas use it: clients only, with
+    // tonic's own prost codec.
+    println!("cargo:rerun-if-changed={ETCD}");
+    let etcd = protox::compile([ETCD], ["etcd"])?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .build_client(true)
+        .compile_fds(etcd)?;
     Ok(())
 }

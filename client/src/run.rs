@@ -114,10 +114,7 @@ impl Client {
 
 /// This machine's node id, as the agent names it: the hostname.
 pub fn this_node_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
+    fairplace_types::state_dir::hostname()
 }
 
 /// Asks the server for the lease, or falls back to a local choice when it

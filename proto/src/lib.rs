@@ -21,6 +21,12 @@ pub mod v1 {
     }
 }
 
+/// etcd's v3 API, as far as fairplace's replicas use it
+/// (`proto/etcd/etcdserverpb.proto`): KV, Watch and Lease clients.
+pub mod etcd {
+    tonic::include_proto!("etcdserverpb");
+}
+
 /// The encoded file descriptor set of every fairplace .proto, for reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/fairplace_descriptor.bin"));

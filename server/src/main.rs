@@ -76,6 +76,10 @@ struct PkiArgs {
     /// An admin certificate (repeatable).
     #[arg(long = "admin")]
     admins: Vec<String>,
+    /// A replica's peer certificate, spiffe://TD/replica/NAME, with which
+    /// it forwards calls to the other replicas (repeatable).
+    #[arg(long = "replica")]
+    replicas: Vec<String>,
     /// Keep files that exist (the CA is reused to sign what is missing).
     #[arg(long)]
     keep_existing: bool,
@@ -249,6 +253,54 @@ struct ServeArgs {
     /// llc_imb_pct: utilisation hysteresis between two LLCs.
     #[arg(long, default_value_t = 20)]
     cache_imb_pct: u32,
+    #[command(flatten)]
+    replicas: ReplicaArgs,
+}
+
+/// Several replicas sharing the nodes through etcd.
+#[derive(clap::Args)]
+struct ReplicaArgs {
+    /// Join a replica set through this etcd cluster (comma-separated
+    /// client URLs, http:// or https://): nodes are shared among the
+    /// replicas, leases kept in etcd. Without it: one server, leases in
+    /// --state-dir.
+    #[arg(long, env = "FAIRPLACE_ETCD_ENDPOINTS", value_delimiter = ',')]
+    etcd_endpoints: Vec<String>,
+    /// CA bundle the etcd members' certificates chain to (https endpoints).
+    #[arg(long)]
+    etcd_tls_ca: Option<std::path::PathBuf>,
+    /// Client certificate and key for etcd (its --client-cert-auth).
+    #[arg(long)]
+    etcd_tls_cert: Option<std::path::PathBuf>,
+    #[arg(long)]
+    etcd_tls_key: Option<std::path::PathBuf>,
+    /// Every key of this replica set lives under this prefix.
+    #[arg(long, default_value = "/fairplace/")]
+    etcd_prefix: String,
+    /// This replica's etcd lease: a replica that stops refreshing it
+    /// (killed, cut off) leaves the set, and its nodes move, within this
+    /// long (s).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(2..=60))]
+    etcd_lease_ttl_s: u64,
+    /// This replica's id in the set (default: the hostname).
+    #[arg(long, env = "FAIRPLACE_REPLICA_ID")]
+    replica_id: Option<String>,
+    /// The gRPC address (host:port) other replicas and agents reach this
+    /// replica at (default: --grpc-addr, or HOSTNAME:PORT when it listens
+    /// on every address).
+    #[arg(long, env = "FAIRPLACE_ADVERTISE_ADDR")]
+    advertise_addr: Option<String>,
+    /// This replica's peer certificate and key (spiffe://TD/replica/ID,
+    /// client auth), presented when it forwards a call to another replica;
+    /// needed with --client-ca.
+    #[arg(long)]
+    replica_tls_cert: Option<std::path::PathBuf>,
+    #[arg(long)]
+    replica_tls_key: Option<std::path::PathBuf>,
+    /// The CA other replicas' server certificates chain to (default:
+    /// --client-ca).
+    #[arg(long)]
+    peer_ca: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -384,6 +436,7 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
         trust_domain: a.trust_domain.clone(),
         health_listener: None,
         ready: Default::default(),
+        replica: None,
         leases: match a.lease_store.as_str() {
             "memory" => LeaseStorage::Memory,
             _ => LeaseStorage::Dir(
@@ -393,9 +446,11 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
             ),
         },
     };
+    cfg.replica = replica_config(&a)?;
     // The lease store before the ports: a state directory in use or
-    // unreadable stops the server before it listens.
-    let store = fairplace::service::open_store(&cfg)?;
+    // unreadable, or an etcd that cannot be joined, stops the server
+    // before it listens.
+    let (store, replicated) = fairplace::service::open(&cfg).await?;
     let metrics_addr = fairplace::service::exposition::start(
         a.metrics_addr,
         std::sync::Arc::clone(&store),
@@ -414,7 +469,68 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
         "fairplace-server listening grpc={grpc_addr} metrics=http://{metrics_addr}/metrics{health_note}"
     );
     tracing::info!(%grpc_addr, %metrics_addr, "serving");
-    fairplace::service::serve_store(cfg, store, listener, shutdown_signal()).await
+    fairplace::service::serve_replicated(cfg, store, replicated, listener, shutdown_signal()).await
+}
+
+/// The replica flags, checked; `None` without --etcd-endpoints.
+fn replica_config(
+    a: &ServeArgs,
+) -> Result<Option<fairplace::replica::ReplicaConfig>, Box<dyn std::error::Error + Send + Sync>> {
+    let r = &a.replicas;
+    if r.etcd_endpoints.is_empty() {
+        return Ok(None);
+    }
+    if !r.etcd_prefix.starts_with('/') || !r.etcd_prefix.ends_with('/') {
+        return Err(format!(
+            "--etcd-prefix {:?}: must start and end with '/'",
+            r.etcd_prefix
+        )
+        .into());
+    }
+    let host = fairplace_types::state_dir::hostname();
+    let advertise = match &r.advertise_addr {
+        Some(x) => x.clone(),
+        None if !a.grpc_addr.ip().is_unspecified() && a.grpc_addr.port() != 0 => {
+            a.grpc_addr.to_string()
+        }
+        None if a.grpc_addr.port() != 0 => format!("{host}:{}", a.grpc_addr.port()),
+        None => {
+            return Err("--advertise-addr: needed when --grpc-addr picks its port (port 0)".into());
+        }
+    };
+    let peer_tls = match (&r.replica_tls_cert, &r.replica_tls_key) {
+        (Some(cert), Some(key)) => Some(fairplace::replica::forward::PeerTls {
+            ca: r
+                .peer_ca
+                .clone()
+                .or_else(|| a.client_ca.clone())
+                .ok_or("--replica-tls-cert: give --peer-ca (or --client-ca)")?,
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        (None, None) if a.client_ca.is_some() => {
+            return Err(
+                "--client-ca with --etcd-endpoints: replicas forward calls to each other with \
+                        a replica certificate; give --replica-tls-cert and --replica-tls-key"
+                    .into(),
+            );
+        }
+        (None, None) => None,
+        _ => return Err("--replica-tls-cert and --replica-tls-key go together".into()),
+    };
+    Ok(Some(fairplace::replica::ReplicaConfig {
+        id: r.replica_id.clone().unwrap_or(host),
+        advertise,
+        etcd: fairplace::replica::etcd::EtcdSettings {
+            endpoints: r.etcd_endpoints.clone(),
+            ca: r.etcd_tls_ca.clone(),
+            cert: r.etcd_tls_cert.clone(),
+            key: r.etcd_tls_key.clone(),
+            prefix: r.etcd_prefix.clone(),
+        },
+        lease_ttl: Duration::from_secs(r.etcd_lease_ttl_s),
+        peer_tls,
+    }))
 }
 
 fn decide(file: &str, limits: fairplace::offline::decide::Limits) -> ExitCode {
@@ -548,6 +664,7 @@ fn pki(a: &PkiArgs) -> Result<(), Box<dyn std::error::Error>> {
         ("node", &a.nodes),
         ("orchestrator", &a.orchestrators),
         ("admin", &a.admins),
+        ("replica", &a.replicas),
     ] {
         for n in names {
             let file = format!("{role}-{n}");

@@ -58,10 +58,18 @@ pub const LEASE_STORE_ERRORS: &str = "fairplace_lease_store_errors_total";
 pub const CONNECTIONS_OPEN: &str = "fairplace_connections_open";
 pub const CONNECTIONS_REFUSED: &str = "fairplace_connections_refused_total";
 pub const STREAMS_OPEN: &str = "fairplace_streams_open";
+pub const REPLICA_MEMBERS: &str = "fairplace_replica_members";
+pub const REPLICA_OWNED_NODES: &str = "fairplace_replica_owned_nodes";
+pub const REPLICA_LEADER: &str = "fairplace_replica_leader";
+pub const REPLICA_ETCD_UP: &str = "fairplace_replica_etcd_up";
+pub const REPLICA_HANDOFFS: &str = "fairplace_replica_handoffs_total";
+pub const REPLICA_FORWARDS: &str = "fairplace_replica_forwards_total";
+pub const REPLICA_REFUSALS: &str = "fairplace_replica_revalidation_refusals_total";
+pub const REPLICA_ETCD_SECONDS: &str = "fairplace_replica_etcd_seconds";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 53] = [
+pub const ALL: [(&str, &str, &str); 61] = [
     (
         DECISIONS,
         "counter",
@@ -323,6 +331,58 @@ pub const ALL: [(&str, &str, &str); 53] = [
         "gauge",
         "Long-lived streams open, by kind: agent (AgentService.Report), health_watch (grpc.health.v1 Watch), reflection.",
     ),
+    (
+        REPLICA_MEMBERS,
+        "gauge",
+        "Live replicas this replica sees in etcd (with --etcd-endpoints).",
+    ),
+    (
+        REPLICA_OWNED_NODES,
+        "gauge",
+        "Nodes whose ownership this replica holds in etcd.",
+    ),
+    (
+        REPLICA_LEADER,
+        "gauge",
+        "1 while this replica is the elected balancer, else 0.",
+    ),
+    (
+        REPLICA_ETCD_UP,
+        "gauge",
+        "1 while this replica's etcd lease is known alive (it may grant), 0 while it has lost etcd (grants, renewals and releases refused).",
+    ),
+    (
+        REPLICA_HANDOFFS,
+        "counter",
+        "Node ownership changes at this replica, by how: claimed, released (handed to another replica), redirected (an agent sent to the owner), lost (the etcd lease ended or another replica holds the node).",
+    ),
+    (
+        REPLICA_FORWARDS,
+        "counter",
+        "Calls passed to another replica, by method and outcome (ok, or the gRPC code).",
+    ),
+    (
+        REPLICA_REFUSALS,
+        "counter",
+        "Cluster placements chosen from another replica's published aggregates that the owner refused on its live state, by method.",
+    ),
+    (
+        REPLICA_ETCD_SECONDS,
+        "histogram",
+        "Time of one etcd round trip, by op: claim, release, commit, keepalive, read, campaign.",
+    ),
+];
+
+/// The metrics only a replica (`--etcd-endpoints`) exports.
+pub const REPLICA_ONLY: [&str; 8] = [
+    REPLICA_MEMBERS,
+    REPLICA_OWNED_NODES,
+    REPLICA_LEADER,
+    REPLICA_ETCD_UP,
+    REPLICA_HANDOFFS,
+    REPLICA_FORWARDS,
+    REPLICA_REFUSALS,
+    REPLICA_ETCD_SECONDS,
 ];
 
 /// The metrics rendered here rather than by the recorder (the recorder
@@ -453,6 +513,7 @@ fn builder() -> Result<PrometheusBuilder, String> {
     let b = set(b, BALANCE_DURATION, &LATENCY_BUCKETS)?;
     let b = set(b, LEASE_COMMIT_SECONDS, &COMMIT_BUCKETS)?;
     let b = set(b, LEASE_COMMIT_BATCHES, &SCANNED_BUCKETS)?;
+    let b = set(b, REPLICA_ETCD_SECONDS, &COMMIT_BUCKETS)?;
     set(b, DECISION_STATE_AGE, &AGE_BUCKETS)
 }
 

@@ -51,6 +51,7 @@ fn placement() -> Placement {
         })),
         heavy: HeavyPool::new(1, 4),
         hub: Arc::new(LeaseHub::default()),
+        replicated: None,
     }
 }
 

@@ -72,6 +72,7 @@ fn open_with(dir: &Dir, config: StoreConfig) -> Placement {
         store,
         heavy: HeavyPool::new(1, 4),
         hub: Arc::new(LeaseHub::default()),
+        replicated: None,
     }
 }
 

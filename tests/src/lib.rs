@@ -1,6 +1,8 @@
 //! Shared helpers for the end-to-end tests: the real binaries, started on
 //! loopback with free ports, and stopped when dropped.
 
+pub mod etcd;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -16,10 +16,20 @@ pub enum Role {
     /// A fairplace server: what an agent requires of the server it
     /// obeys. As a client it may call only what every identity may.
     Server,
+    /// Another replica of the server, forwarding a call for the caller
+    /// it names (`fairplace-forwarded-for`): it is authorized as that
+    /// caller.
+    Replica,
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Node, Role::Orchestrator, Role::Admin, Role::Server];
+    pub const ALL: [Role; 5] = [
+        Role::Node,
+        Role::Orchestrator,
+        Role::Admin,
+        Role::Server,
+        Role::Replica,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -27,6 +37,7 @@ impl Role {
             Role::Orchestrator => "orchestrator",
             Role::Admin => "admin",
             Role::Server => "server",
+            Role::Replica => "replica",
         }
     }
 

@@ -21,3 +21,13 @@ pub fn default_state_dir() -> PathBuf {
     }
     PathBuf::from("fairplace-state")
 }
+
+/// This machine's hostname (the default of a node id and a replica id).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}

@@ -596,13 +596,16 @@ pub async fn stream<S: Source>(
     let mut shed = limits::Shedding::new();
     // Leases outlive a connection: the server may restart, they stay.
     let mut applier = leases::Applier::new(&cfg.node_id, &cfg.leases);
+    let mut to = Servers::new(&cfg.server);
     loop {
         if *stop.borrow() {
             return;
         }
         let connects = stats.borrow().connects;
+        let server = to.current().to_string();
         match report::run_once(
             &cfg,
+            &server,
             &mut source,
             &mut seq,
             (&mut shed, &mut applier),
@@ -614,7 +617,17 @@ pub async fn stream<S: Source>(
             Ok(()) => return,
             Err(e) => {
                 metrics::counter!("fairplace_agent_reconnects_total").increment(1);
-                tracing::warn!(node = %cfg.node_id, error = %e, "stream failed; reconnecting");
+                if let Some(owner) = e.redirect.clone().filter(|_| to.may_follow()) {
+                    tracing::info!(node = %cfg.node_id, from = %server, to = %owner, why = %e, "sent to the node's owner");
+                    to.follow(owner);
+                    // Straight there: this is a handover, not a failure.
+                    continue;
+                }
+                tracing::warn!(node = %cfg.node_id, server = %server, error = %e, "stream failed; reconnecting");
+                to.fall_back();
+                if e.retry_soon {
+                    backoff = floor;
+                }
             }
         }
         // A stream that got registered was healthy: start the backoff over.
@@ -632,6 +645,63 @@ pub async fn stream<S: Source>(
             changed = stop.changed() => if changed.is_err() { return },
         }
         backoff = (backoff * 2).min(cfg.backoff_max.max(floor));
+    }
+}
+
+/// Where the next connection goes: the owner a replica named (at most
+/// [`Servers::MAX_HOPS`] in a row), else the configured servers in turn
+/// (`--server` may list several, comma-separated, or be one Service
+/// address that reaches any replica).
+struct Servers {
+    configured: Vec<String>,
+    next: usize,
+    redirect: Option<String>,
+    hops: usize,
+}
+
+impl Servers {
+    const MAX_HOPS: usize = 3;
+
+    fn new(list: &str) -> Servers {
+        let configured: Vec<String> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        Servers {
+            configured: if configured.is_empty() {
+                vec![list.to_string()]
+            } else {
+                configured
+            },
+            next: 0,
+            redirect: None,
+            hops: 0,
+        }
+    }
+
+    fn current(&self) -> &str {
+        self.redirect
+            .as_deref()
+            .unwrap_or(&self.configured[self.next % self.configured.len()])
+    }
+
+    fn may_follow(&self) -> bool {
+        self.hops < Self::MAX_HOPS
+    }
+
+    fn follow(&mut self, owner: String) {
+        self.hops += 1;
+        self.redirect = Some(owner);
+    }
+
+    /// After a failure: the next configured server, hops forgotten.
+    fn fall_back(&mut self) {
+        if self.redirect.take().is_none() {
+            self.next += 1;
+        }
+        self.hops = 0;
     }
 }
 

@@ -19,7 +19,9 @@ use tokio::sync::watch;
     about = "streams CPU state to a fairplace server"
 )]
 struct Args {
-    /// The server's gRPC address.
+    /// The server's gRPC address; with replicas, any replica's (a Service
+    /// address), or several comma-separated: a replica that does not own
+    /// the node sends the agent to the one that does.
     #[arg(long, default_value = "127.0.0.1:50051")]
     server: String,
     #[command(flatten)]

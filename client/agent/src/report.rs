@@ -164,7 +164,7 @@ fn fit_to_server(u: &mut pb::Update, cfg: &StreamConfig, sent: &mut Sent) {
 /// connection is noticed.
 /// Over TLS the server must also prove it is a fairplace server
 /// ([`fairplace_client::verified`]): the agent obeys what it says.
-async fn connect(cfg: &StreamConfig) -> Result<AgentServiceClient<Channel>, String> {
+async fn connect(cfg: &StreamConfig, server: &str) -> Result<AgentServiceClient<Channel>, String> {
     let endpoint = |e: tonic::transport::Endpoint| {
         e.connect_timeout(Duration::from_secs(3))
             .http2_keep_alive_interval(Duration::from_secs(10))
@@ -172,17 +172,12 @@ async fn connect(cfg: &StreamConfig) -> Result<AgentServiceClient<Channel>, Stri
             .keep_alive_while_idle(true)
     };
     let channel = if cfg.tls.enabled() {
-        let plain = fairplace_client::TlsOptions::default().endpoint(&cfg.server)?;
-        fairplace_client::verified::connect(
-            endpoint(plain),
-            &cfg.server,
-            &cfg.tls,
-            &cfg.trust_domain,
-        )
-        .await
-        .map_err(|e| format!("connect: {e}"))?
+        let plain = fairplace_client::TlsOptions::default().endpoint(server)?;
+        fairplace_client::verified::connect(endpoint(plain), server, &cfg.tls, &cfg.trust_domain)
+            .await
+            .map_err(|e| format!("connect: {e}"))?
     } else {
-        endpoint(cfg.tls.endpoint(&cfg.server)?)
+        endpoint(cfg.tls.endpoint(server)?)
             .connect()
             .await
             .map_err(|e| format!("connect: {e}: {}", fairplace_client::source_chain(&e)))?
@@ -201,7 +196,7 @@ async fn register(
     held_leases: Vec<pb::LeaseGrant>,
     tx: &mpsc::Sender<pb::AgentMessage>,
     rx: mpsc::Receiver<pb::AgentMessage>,
-) -> Result<(Acks, usize), String> {
+) -> Result<(Acks, usize), Failure> {
     let nr_cpus = topology.cpus.len();
     tx.send(pb::AgentMessage {
         body: Some(Body::Register(pb::Register {
@@ -219,12 +214,68 @@ async fn register(
     let mut acks = client
         .report(ReceiverStream::new(rx))
         .await
-        .map_err(|e| format!("report: {e}"))?
+        .map_err(|e| Failure::from_status("report", &e))?
         .into_inner();
     match acks.message().await {
         Ok(Some(_)) => Ok((acks, nr_cpus)),
         Ok(None) => Err("the server closed the stream at registration".into()),
-        Err(s) => Err(format!("registration refused: {}", s.message())),
+        Err(s) => Err(Failure::from_status("registration refused", &s)),
+    }
+}
+
+/// The shortest silence (no Ack) after which a server counts as gone.
+pub const SILENT_SERVER: Duration = Duration::from_secs(3);
+
+/// The trailer key with which a replica sends the agent to its node's
+/// owner (the server's `service::route::OWNER_HEADER`).
+pub const OWNER_HEADER: &str = "fairplace-owner";
+
+/// Why a connection ended, and where the server said to go next.
+#[derive(Debug)]
+pub struct Failure {
+    pub message: String,
+    /// The node's owner (`host:port`), when a replica sent the agent there.
+    pub redirect: Option<String>,
+    /// A live server refused for now (UNAVAILABLE: the node is moving
+    /// between replicas): try again soon, without growing the backoff.
+    pub retry_soon: bool,
+}
+
+impl Failure {
+    fn from_status(what: &str, s: &tonic::Status) -> Failure {
+        let redirect = s
+            .metadata()
+            .get(OWNER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|a| !a.is_empty())
+            .map(str::to_string);
+        Failure {
+            message: format!("{what}: {}", s.message()),
+            redirect,
+            retry_soon: s.code() == tonic::Code::Unavailable && !s.message().contains("transport"),
+        }
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Failure {
+        message.to_string().into()
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure {
+            message,
+            redirect: None,
+            retry_soon: false,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
     }
 }
 
@@ -293,16 +344,18 @@ fn build_update<S: Source>(
     u
 }
 
-/// Runs one connection until `stop` (Ok) or an error (to reconnect).
+/// Runs one connection to `server` until `stop` (Ok) or an error (to
+/// reconnect, where the failure says if it names the node's owner).
 pub(super) async fn run_once<S: Source>(
     cfg: &StreamConfig,
+    server: &str,
     source: &mut S,
     seq: &mut u64,
     (shed, applier): (&mut limits::Shedding, &mut leases::Applier),
     stop: &mut watch::Receiver<bool>,
     stats: &watch::Sender<StreamStats>,
-) -> Result<(), String> {
-    let mut client = connect(cfg).await?;
+) -> Result<(), Failure> {
+    let mut client = connect(cfg, server).await?;
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
     let about = (source.topology(), source.signal_source());
     // The leases held are reported; the server answers with every live
@@ -316,6 +369,10 @@ pub(super) async fn run_once<S: Source>(
     };
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A server that stops answering (frozen, cut off behind a live TCP
+    // connection) is left for another after this long without an Ack.
+    let silence = (cfg.interval * 5).max(SILENT_SERVER);
+    let mut last_ack = Instant::now();
     loop {
         tokio::select! {
             changed = stop.changed() => {
@@ -324,15 +381,26 @@ pub(super) async fn run_once<S: Source>(
             }
             ack = acks.message() => match ack {
                 Ok(Some(a)) if leases::is_push(&a) => {
+                    last_ack = Instant::now();
                     for m in applier.on_push(&a) {
                         tx.send(m).await.map_err(|_| "the stream closed".to_string())?;
                     }
                 }
-                Ok(Some(a)) => on_ack(&a, cfg, shed, &mut sent, stats),
-                Ok(None) => return Err("the server closed the stream".into()),
-                Err(s) => return Err(format!("stream: {}", s.message())),
+                Ok(Some(a)) => {
+                    last_ack = Instant::now();
+                    on_ack(&a, cfg, shed, &mut sent, stats);
+                }
+                Ok(None) => return Err("the server closed the stream".to_string().into()),
+                Err(s) => return Err(Failure::from_status("stream", &s)),
             },
             _ = tick.tick() => {
+                if last_ack.elapsed() > silence {
+                    return Err(format!(
+                        "the server acknowledged nothing for {:.1} s; trying another",
+                        last_ack.elapsed().as_secs_f64()
+                    )
+                    .into());
+                }
                 for m in applier.check_targets() {
                     tx.send(m).await.map_err(|_| "the stream closed".to_string())?;
                 }

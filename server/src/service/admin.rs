@@ -10,7 +10,10 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use super::identity::Caller;
+use super::route::{self, Replicated, Route, forwarded};
 use crate::engine::features::{FEATURE_NAMES, Features};
+use crate::replica::Member;
 use crate::store::{Node, Store};
 
 /// The admin service's own check, after the role table (`identity.rs`):
@@ -72,6 +75,59 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 pub struct Admin {
     pub store: Arc<Store>,
     pub auth: Box<dyn Authorize>,
+    /// With `--etcd-endpoints`: node calls go to the node's owner, and
+    /// ListNodes merges every replica's nodes.
+    pub replicated: Option<Replicated>,
+}
+
+impl Admin {
+    /// The peer that answers a call for `node`, if not this replica.
+    fn peer_for(
+        &self,
+        node: &str,
+        ext: &http::Extensions,
+    ) -> Result<Option<(&Replicated, Member)>, Status> {
+        let Some(rep) = self.replicated.as_ref() else {
+            return Ok(None);
+        };
+        match rep.route_node(&self.store, node, ext)? {
+            Route::Here => Ok(None),
+            Route::Peer(m) => Ok(Some((rep, m))),
+        }
+    }
+
+    /// Every other live replica's nodes, asked at once; a replica that does
+    /// not answer is left out (its nodes are being taken over).
+    async fn peers_nodes(&self, caller: &Caller) -> Vec<pb::NodeSummary> {
+        let Some(rep) = &self.replicated else {
+            return Vec::new();
+        };
+        let mut set = tokio::task::JoinSet::new();
+        for m in rep.replica.members().iter() {
+            if m.id == rep.replica.id {
+                continue;
+            }
+            let (Ok(mut c), Ok(req)) = (
+                rep.admin(m),
+                crate::replica::forward::Peers::request(pb::ListNodesRequest {}, &caller.owner()),
+            ) else {
+                continue;
+            };
+            let id = m.id.clone();
+            set.spawn(async move { (id, c.list_nodes(req).await) });
+        }
+        let mut out = Vec::new();
+        while let Some(Ok((id, r))) = set.join_next().await {
+            crate::replica::forward::count("ListNodes", &r);
+            match r {
+                Ok(r) => out.extend(r.into_inner().nodes),
+                Err(e) => {
+                    tracing::warn!(replica = %id, error = %e, "ListNodes: a replica did not answer; its nodes are left out")
+                }
+            }
+        }
+        out
+    }
 }
 
 /// A node's summary from one snapshot (the caller's, so that a GetNode's
@@ -145,14 +201,20 @@ impl AdminService for Admin {
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.auth.authorize("ListNodes", req.metadata())?;
         let now = Instant::now();
-        Ok(Response::new(pb::ListNodesResponse {
-            nodes: self
-                .store
-                .nodes()
-                .iter()
-                .map(|n| summary(&self.store, n, &n.snapshot(), now))
-                .collect(),
-        }))
+        let mut nodes: Vec<pb::NodeSummary> = self
+            .store
+            .nodes()
+            .iter()
+            .map(|n| summary(&self.store, n, &n.snapshot(), now))
+            .collect();
+        if !forwarded(req.extensions()) {
+            let caller = Caller::of(req.extensions());
+            nodes.extend(self.peers_nodes(&caller).await);
+            nodes.sort_by(|a, b| a.id.cmp(&b.id));
+            // A node seen at two replicas while it moves: the first (any).
+            nodes.dedup_by(|a, b| a.id == b.id);
+        }
+        Ok(Response::new(pb::ListNodesResponse { nodes }))
     }
 
     async fn get_node(
@@ -160,6 +222,14 @@ impl AdminService for Admin {
         req: Request<pb::GetNodeRequest>,
     ) -> Result<Response<pb::GetNodeResponse>, Status> {
         self.auth.authorize("GetNode", req.metadata())?;
+        if let Some((rep, m)) = self.peer_for(&req.get_ref().node_id, req.extensions())? {
+            let caller = Caller::of(req.extensions());
+            let mut c = rep.admin(&m)?;
+            return route::forward("GetNode", &caller, req.into_inner(), |q| async move {
+                c.get_node(q).await
+            })
+            .await;
+        }
         let n = self.node(&req.get_ref().node_id)?;
         let s = n.snapshot();
         Ok(Response::new(pb::GetNodeResponse {
@@ -185,6 +255,14 @@ impl AdminService for Admin {
         req: Request<pb::GetCacheRequest>,
     ) -> Result<Response<pb::GetCacheResponse>, Status> {
         self.auth.authorize("GetCache", req.metadata())?;
+        if let Some((rep, m)) = self.peer_for(&req.get_ref().node_id, req.extensions())? {
+            let caller = Caller::of(req.extensions());
+            let mut c = rep.admin(&m)?;
+            return route::forward("GetCache", &caller, req.into_inner(), |q| async move {
+                c.get_cache(q).await
+            })
+            .await;
+        }
         let n = self.node(&req.get_ref().node_id)?;
         let c = self.store.cache_summary(&n, Instant::now());
         Ok(Response::new(pb::GetCacheResponse {

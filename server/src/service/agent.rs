@@ -23,10 +23,12 @@ use super::convert;
 use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
 use super::lease_hub::AckTx;
+use super::route::{Replicated, redirect_status};
 use crate::engine::features::Kernel;
 use crate::engine::topology::FieldError;
 use crate::metrics as m;
 use crate::quote::quote;
+use crate::replica::Redirect;
 use crate::store::{RegisterError, Reject, Store, Update};
 
 pub struct Agent {
@@ -44,6 +46,9 @@ pub struct Agent {
     /// so they are capped apart from registered ones (bounded by the
     /// store's node limit).
     pub pending: Arc<tokio::sync::Semaphore>,
+    /// With `--etcd-endpoints`: a node is claimed before it registers, and
+    /// its agent sent to the owner when this replica is not.
+    pub replicated: Option<Replicated>,
 }
 
 /// Report streams that may wait for their Register at once, by default.
@@ -126,6 +131,24 @@ struct ReportStream {
     /// Who opened the stream: a node certificate reports only its node.
     caller: Caller,
     hub: Arc<super::lease_hub::LeaseHub>,
+    replicated: Option<Replicated>,
+}
+
+/// Resolves when the node is handed to another replica, with where its
+/// agent goes; never without replicas.
+async fn handed_over(rx: &mut Option<watch::Receiver<Option<Redirect>>>) -> Redirect {
+    let Some(rx) = rx else {
+        return std::future::pending().await;
+    };
+    loop {
+        if let Some(r) = rx.borrow_and_update().clone() {
+            return r;
+        }
+        if rx.changed().await.is_err() {
+            // The replica dropped the channel: the stream stays.
+            return std::future::pending().await;
+        }
+    }
 }
 
 impl ReportStream {
@@ -151,17 +174,33 @@ impl ReportStream {
             resync_required: true,
             ..Default::default()
         };
+        let mut moved = self
+            .replicated
+            .as_ref()
+            .map(|r| r.replica.attach_stream(&node.id, generation));
+        let mut handed = false;
         if self.tx.send(Ok(first)).await.is_ok() {
             // Leases reach this node through this stream from now on, and
             // its live ones are applied again.
             self.hub.attach(&node.id, generation, self.tx.clone());
             let drop = super::allocate::reconcile(&self.store, &node, &held).await;
             self.hub.resend(&self.store, &node, &self.tx, drop).await;
-            self.serve_updates(&mut inbound, &node, generation).await;
+            handed = self
+                .serve_updates(&mut inbound, &node, generation, &mut moved)
+                .await;
             self.hub.detach(&node.id, generation);
         }
         self.store.disconnect(&node, generation);
-        tracing::info!(node = %node.id, "agent stream ended");
+        if let Some(rep) = &self.replicated {
+            rep.replica.detach_stream(&node.id, generation);
+            if handed {
+                // The next owner reads the node's leases from etcd once
+                // this replica's owner key is gone.
+                self.store.let_go(&node.id);
+                rep.replica.release(&node.id).await;
+            }
+        }
+        tracing::info!(node = %node.id, handed_over = handed, "agent stream ended");
     }
 
     /// The first message: a Register, within `timeout`. Anything else ends
@@ -221,6 +260,13 @@ impl ReportStream {
             .await;
             return None;
         }
+        if let Some(rep) = &self.replicated
+            && let Err(s) = rep.take_over(&self.store, &reg.node_id).await
+        {
+            rejected("not_owner");
+            self.end(s).await;
+            return None;
+        }
         let store = Arc::clone(&self.store);
         match self
             .heavy
@@ -248,22 +294,33 @@ impl ReportStream {
     }
 
     /// Updates until the agent closes, goes silent past the forget time, is
-    /// superseded, or the server stops.
+    /// superseded, the node is handed to another replica (true), or the
+    /// server stops.
     async fn serve_updates(
         &mut self,
         inbound: &mut Streaming<pb::AgentMessage>,
         node: &Arc<crate::store::Node>,
         generation: u64,
-    ) {
+        moved: &mut Option<watch::Receiver<Option<Redirect>>>,
+    ) -> bool {
         let silence = self.store.config.forget_after;
         loop {
             let next = tokio::select! {
-                r = tokio::time::timeout(silence, inbound.message()) => Some(r),
+                r = tokio::time::timeout(silence, inbound.message()) => Some(Ok(r)),
                 _ = self.stopping.wait_for(|s| *s) => None,
+                to = handed_over(moved) => Some(Err(to)),
+            };
+            let next = match next {
+                Some(Err(to)) => {
+                    self.end(redirect_status(&to)).await;
+                    return true;
+                }
+                Some(Ok(r)) => Some(r),
+                None => None,
             };
             let Some(next) = next else {
                 self.end(shutting_down()).await;
-                return;
+                return false;
             };
             let msg = match next {
                 Err(_) => {
@@ -277,13 +334,13 @@ impl ReportStream {
                         node.id
                     )))
                     .await;
-                    return;
+                    return false;
                 }
                 Ok(Ok(Some(m))) => m,
-                Ok(Ok(None)) => return,
+                Ok(Ok(None)) => return false,
                 Ok(Err(s)) => {
                     self.end(frame_error(s)).await;
-                    return;
+                    return false;
                 }
             };
             let step = match msg.body {
@@ -314,12 +371,12 @@ impl ReportStream {
             match step {
                 Step::Ack(ack) => {
                     if self.tx.send(Ok(ack)).await.is_err() {
-                        return;
+                        return false;
                     }
                 }
                 Step::End(s) => {
                     self.end(s).await;
-                    return;
+                    return false;
                 }
                 Step::Quiet => {}
             }
@@ -478,6 +535,7 @@ impl AgentService for Agent {
             tx,
             caller,
             hub: Arc::clone(&self.hub),
+            replicated: self.replicated.clone(),
         };
         tokio::spawn(stream.run(inbound, self.register_timeout, pending));
         Ok(Response::new(Box::pin(

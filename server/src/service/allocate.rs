@@ -420,6 +420,7 @@ async fn allocate_inner(
     r: pb::AllocateCpusRequest,
 ) -> Result<pb::AllocateCpusResponse, (&'static str, Status)> {
     let c = check(&r, caller, p.store.config.max_lease_ttl).map_err(|s| ("invalid", s))?;
+    writable(p.store).map_err(|s| ("store", s))?;
     let node = choose_node(p, &r).map_err(|s| ("node", s))?;
     let now = Instant::now();
     let (snap, _) = super::fresh_snapshot(p.store, &node, now).map_err(|s| ("node", s))?;
@@ -508,6 +509,14 @@ fn no_lease(id: u64) -> Status {
     ))
 }
 
+/// UNAVAILABLE while lease changes cannot be committed (a replica that
+/// lost etcd): refused before anything changes in memory.
+fn writable(store: &Store) -> Result<(), Status> {
+    store
+        .leases_writable()
+        .map_err(|e| Status::unavailable(e.to_string()))
+}
+
 /// ReleaseCpus: the owner's or an admin's; durable before it answers.
 pub async fn release_cpus(
     p: Leasing<'_>,
@@ -517,6 +526,7 @@ pub async fn release_cpus(
     if r.lease_id == 0 {
         return Err(invalid("lease_id", "must not be 0"));
     }
+    writable(p.store)?;
     let (ended, commit): (Ended, Commit) = p
         .store
         .release_lease(r.lease_id, |l| {
@@ -547,6 +557,7 @@ pub async fn renew_lease(
         return Err(invalid("lease_id", "must not be 0"));
     }
     check_ttl(r.ttl_ms, p.store.config.max_lease_ttl)?;
+    writable(p.store)?;
     let ttl = (r.ttl_ms > 0).then(|| Duration::from_millis(r.ttl_ms as u64));
     let (node, l, commit) = p
         .store

@@ -260,16 +260,64 @@ pub fn authorize(required: bool, peer: Option<&Peer>, path: &str) -> Result<Call
     )))
 }
 
+/// Marks a call another replica passed on: it is answered here and
+/// never forwarded again.
+#[derive(Debug, Clone, Copy)]
+pub struct Forwarded;
+
+/// The decision for a call that may have been forwarded by another replica
+/// for the caller `forwarded_for` names: only a `replica` certificate may
+/// forward, and the call is then authorized as the named caller (never as
+/// another replica, so a forward is never forwarded for a forward).
+/// Without client authentication the header only marks the call.
+pub fn authorize_call(
+    required: bool,
+    peer: Option<&Peer>,
+    path: &str,
+    forwarded_for: Option<&str>,
+    trust_domain: &str,
+) -> Result<(Caller, bool), Status> {
+    let Some(who) = forwarded_for else {
+        return authorize(required, peer, path).map(|c| (c, false));
+    };
+    if !required {
+        return Ok((Caller::Open, true));
+    }
+    match peer {
+        Some(Peer::Identified(id)) if id.role == Role::Replica => {}
+        _ => {
+            return Err(Status::permission_denied(format!(
+                "{}: only a replica certificate may forward a call",
+                crate::replica::forward::FORWARDED_FOR
+            )));
+        }
+    }
+    let named = parse_spiffe_id(who, trust_domain).map_err(|e| {
+        Status::unauthenticated(format!("{}: {e}", crate::replica::forward::FORWARDED_FOR))
+    })?;
+    if named.role == Role::Replica {
+        return Err(Status::permission_denied(format!(
+            "{}: a replica may not forward for another replica",
+            crate::replica::forward::FORWARDED_FOR
+        )));
+    }
+    authorize(true, Some(&Peer::Identified(Arc::new(named))), path).map(|c| (c, true))
+}
+
 /// Applies the role table to every request.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct AuthLayer {
     /// Client certificates are required (`--client-ca`).
     required: bool,
+    trust_domain: Arc<str>,
 }
 
 impl AuthLayer {
-    pub fn new(required: bool) -> Self {
-        Self { required }
+    pub fn new(required: bool, trust_domain: &str) -> Self {
+        Self {
+            required,
+            trust_domain: trust_domain.into(),
+        }
     }
 }
 
@@ -279,6 +327,7 @@ impl<S> Layer<S> for AuthLayer {
         Auth {
             inner,
             required: self.required,
+            trust_domain: Arc::clone(&self.trust_domain),
         }
     }
 }
@@ -287,6 +336,7 @@ impl<S> Layer<S> for AuthLayer {
 pub struct Auth<S> {
     inner: S,
     required: bool,
+    trust_domain: Arc<str>,
 }
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
@@ -306,13 +356,22 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        match authorize(
+        let forwarded_for = req
+            .headers()
+            .get(crate::replica::forward::FORWARDED_FOR)
+            .map(|v| v.to_str().unwrap_or("\u{fffd}").to_string());
+        match authorize_call(
             self.required,
             req.extensions().get::<Peer>(),
             req.uri().path(),
+            forwarded_for.as_deref(),
+            &self.trust_domain,
         ) {
-            Ok(caller) => {
+            Ok((caller, forwarded)) => {
                 req.extensions_mut().insert(caller);
+                if forwarded {
+                    req.extensions_mut().insert(Forwarded);
+                }
                 Box::pin(self.inner.call(req))
             }
             Err(status) => {

@@ -12,6 +12,7 @@ pub mod layers;
 pub mod lease_hub;
 pub mod listener;
 pub mod placement;
+pub mod route;
 pub mod tls;
 
 use std::sync::Arc;
@@ -67,6 +68,9 @@ pub struct ServeConfig {
     /// Set while serving, cleared when shutdown begins: the metrics port's
     /// `/healthz` reads it ([`crate::service::exposition::start`]).
     pub ready: crate::service::exposition::Readiness,
+    /// `--etcd-endpoints`: this server is one replica of several, its
+    /// leases in etcd (then `leases` is not used).
+    pub replica: Option<crate::replica::ReplicaConfig>,
 }
 
 /// Where a server keeps its leases.
@@ -101,6 +105,7 @@ impl Default for ServeConfig {
             streams: layers::StreamCaps::default(),
             max_pending_registrations: agent::DEFAULT_MAX_PENDING_REGISTRATIONS,
             ready: crate::service::exposition::Readiness::default(),
+            replica: None,
         }
     }
 }
@@ -138,13 +143,45 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let store = open_store(&cfg)?;
-    serve_store(cfg, store, listener, shutdown).await
+    let (store, replicated) = open(&cfg).await?;
+    serve_replicated(cfg, store, replicated, listener, shutdown).await
 }
+
+/// The store `cfg` describes: with `cfg.replica`, this replica joined to
+/// its set and its leases in etcd; else [`open_store`].
+pub async fn open(
+    cfg: &ServeConfig,
+) -> Result<(Arc<Store>, Option<route::Replicated>), Box<dyn std::error::Error + Send + Sync>> {
+    let Some(rc) = cfg.replica.clone() else {
+        return Ok((open_store(cfg)?, None));
+    };
+    let replica = crate::replica::Replica::join(rc, REPLICA_START_TIMEOUT).await?;
+    let log = Arc::new(crate::replica::log::EtcdLog::start(Arc::clone(&replica)));
+    let store = Arc::new(Store::with_log(
+        cfg.store.clone(),
+        Arc::clone(&log) as Arc<dyn crate::store::LeaseLog>,
+    ));
+    tracing::info!(store = %store.lease_log(), "leases are kept in etcd, loaded node by node as nodes are claimed");
+    Ok((store, Some(route::Replicated { replica, log })))
+}
+
+/// How long a replica keeps trying to join etcd at start before it gives up.
+pub const REPLICA_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub async fn serve_store(
     cfg: ServeConfig,
     store: Arc<Store>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    serve_replicated(cfg, store, None, listener, shutdown).await
+}
+
+/// Serves `store`; with `replicated`, as one replica of several.
+pub async fn serve_replicated(
+    cfg: ServeConfig,
+    store: Arc<Store>,
+    replicated: Option<route::Replicated>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -180,6 +217,7 @@ pub async fn serve_store(
         store: Arc::clone(&store),
         heavy: heavy.clone(),
         hub: Arc::clone(&hub),
+        replicated: replicated.clone(),
     })
     .max_decoding_message_size(max);
     let agent = AgentServiceServer::new(agent::Agent {
@@ -191,6 +229,7 @@ pub async fn serve_store(
         pending: Arc::new(tokio::sync::Semaphore::new(
             cfg.max_pending_registrations.max(1),
         )),
+        replicated: replicated.clone(),
     })
     .max_decoding_message_size(max);
     let admin = AdminServiceServer::new(admin::Admin {
@@ -198,11 +237,17 @@ pub async fn serve_store(
         auth: Box::new(admin::TokenAuth {
             token: cfg.admin_token.clone(),
         }),
+        replicated: replicated.clone(),
     })
     .max_decoding_message_size(max);
 
     let sweeper = tokio::spawn(housekeeping(Arc::clone(&store), cfg.ready.clone()));
     let lease_expiry = allocate::spawn_expiry(Arc::clone(&store), hub);
+    let replica_loops = replicated.as_ref().map_or_else(Vec::new, |r| {
+        r.replica.spawn(crate::replica::Hooks {
+            store: Arc::clone(&store),
+        })
+    });
 
     // One set of stream caps for both ports: they are totals.
     let stream_limits = layers::StreamLimitLayer::new(cfg.streams);
@@ -211,6 +256,7 @@ pub async fn serve_store(
         // The role table: who may call what (everyone without --client-ca).
         .layer(identity::AuthLayer::new(
             cfg.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+            &cfg.trust_domain,
         ))
         .layer(stream_limits.clone())
         .layer(layers::ShedLayer::new(
@@ -289,6 +335,13 @@ pub async fn serve_store(
     };
     sweeper.abort();
     lease_expiry.abort();
+    for l in replica_loops {
+        l.abort();
+    }
+    if let Some(r) = &replicated {
+        // The other replicas take the nodes over now, not after the TTL.
+        r.replica.leave().await;
+    }
     if let Some(w) = tls_watch {
         w.abort();
     }

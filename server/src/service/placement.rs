@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 use super::convert;
 use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
+use super::route::{self, Replicated, Route};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::decision::{PlaceRequest, Placement as Decision};
 use crate::engine::{can_migrate_task, select_task_rq};
@@ -29,9 +30,42 @@ pub struct Placement {
     pub heavy: HeavyPool,
     /// Carries leases to the agents that apply them.
     pub hub: Arc<super::lease_hub::LeaseHub>,
+    /// With `--etcd-endpoints`: the replica set, and calls for other
+    /// replicas' nodes go to them.
+    pub replicated: Option<Replicated>,
 }
 
 impl Placement {
+    /// The peer that answers a call for `node`, if not this replica.
+    fn peer_for(
+        &self,
+        node: &str,
+        ext: &http::Extensions,
+    ) -> Result<Option<(&Replicated, crate::replica::Member)>, Status> {
+        let Some(rep) = self.replicated.as_ref() else {
+            return Ok(None);
+        };
+        match rep.route_node(&self.store, node, ext)? {
+            Route::Here => Ok(None),
+            Route::Peer(m) => Ok(Some((rep, m))),
+        }
+    }
+
+    /// The peer that answers a call for lease `id`, if not this replica.
+    async fn peer_for_lease(
+        &self,
+        id: u64,
+        ext: &http::Extensions,
+    ) -> Result<Option<(&Replicated, crate::replica::Member)>, Status> {
+        let Some(rep) = self.replicated.as_ref() else {
+            return Ok(None);
+        };
+        match rep.route_lease(&self.store, id, ext).await? {
+            Route::Here => Ok(None),
+            Route::Peer(m) => Ok(Some((rep, m))),
+        }
+    }
+
     /// What the lease calls use of the service.
     fn leasing(&self) -> super::allocate::Leasing<'_> {
         super::allocate::Leasing {
@@ -163,6 +197,13 @@ impl PlacementService for Placement {
         req: Request<pb::PickCpuRequest>,
     ) -> Result<Response<pb::PickCpuResponse>, Status> {
         let caller = Caller::of(req.extensions());
+        if let Some((rep, m)) = self.peer_for(&req.get_ref().node_id, req.extensions())? {
+            let mut c = rep.placement(&m)?;
+            return route::forward("PickCpu", &caller, req.into_inner(), |q| async move {
+                c.pick_cpu(q).await
+            })
+            .await;
+        }
         let r = req.into_inner();
         let claim = r.claim;
         let resp = if !r.node_id.is_empty() {
@@ -181,6 +222,14 @@ impl PlacementService for Placement {
         &self,
         req: Request<pb::CanMigrateRequest>,
     ) -> Result<Response<pb::CanMigrateResponse>, Status> {
+        if let Some((rep, m)) = self.peer_for(&req.get_ref().node_id, req.extensions())? {
+            let caller = Caller::of(req.extensions());
+            let mut c = rep.placement(&m)?;
+            return route::forward("CanMigrate", &caller, req.into_inner(), |q| async move {
+                c.can_migrate(q).await
+            })
+            .await;
+        }
         let r = req.into_inner();
         let node = super::registered_node(&self.store, &r.node_id)?;
         let (snap, _) = super::fresh_snapshot(&self.store, &node, Instant::now())?;
@@ -198,6 +247,13 @@ impl PlacementService for Placement {
         req: Request<pb::BalanceRequest>,
     ) -> Result<Response<pb::BalanceResponse>, Status> {
         let caller = Caller::of(req.extensions());
+        if let Some((rep, m)) = self.peer_for(&req.get_ref().node_id, req.extensions())? {
+            let mut c = rep.placement(&m)?;
+            return route::forward("Balance", &caller, req.into_inner(), |q| async move {
+                c.balance(q).await
+            })
+            .await;
+        }
         let r = req.into_inner();
         if r.apply {
             identity::check_apply(&caller)?;
@@ -305,6 +361,13 @@ impl PlacementService for Placement {
         req: Request<pb::AllocateCpusRequest>,
     ) -> Result<Response<pb::AllocateCpusResponse>, Status> {
         let caller = Caller::of(req.extensions());
+        if let Some((rep, m)) = self.peer_for(&req.get_ref().node_id, req.extensions())? {
+            let mut c = rep.placement(&m)?;
+            return route::forward("AllocateCpus", &caller, req.into_inner(), |q| async move {
+                c.allocate_cpus(q).await
+            })
+            .await;
+        }
         super::allocate::allocate_cpus(self.leasing(), &caller, req.into_inner())
             .await
             .map(Response::new)
@@ -315,6 +378,16 @@ impl PlacementService for Placement {
         req: Request<pb::ReleaseCpusRequest>,
     ) -> Result<Response<pb::ReleaseCpusResponse>, Status> {
         let caller = Caller::of(req.extensions());
+        if let Some((rep, m)) = self
+            .peer_for_lease(req.get_ref().lease_id, req.extensions())
+            .await?
+        {
+            let mut c = rep.placement(&m)?;
+            return route::forward("ReleaseCpus", &caller, req.into_inner(), |q| async move {
+                c.release_cpus(q).await
+            })
+            .await;
+        }
         super::allocate::release_cpus(self.leasing(), &caller, req.into_inner())
             .await
             .map(Response::new)
@@ -325,6 +398,16 @@ impl PlacementService for Placement {
         req: Request<pb::RenewLeaseRequest>,
     ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
         let caller = Caller::of(req.extensions());
+        if let Some((rep, m)) = self
+            .peer_for_lease(req.get_ref().lease_id, req.extensions())
+            .await?
+        {
+            let mut c = rep.placement(&m)?;
+            return route::forward("RenewLease", &caller, req.into_inner(), |q| async move {
+                c.renew_lease(q).await
+            })
+            .await;
+        }
         super::allocate::renew_lease(self.leasing(), &caller, req.into_inner())
             .await
             .map(Response::new)

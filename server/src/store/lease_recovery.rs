@@ -73,17 +73,44 @@ impl Store {
     /// nodes, expired and unreadable ones are deleted, tombstones still in
     /// their time kept (the others deleted).
     pub fn load_leases(&self, now: Instant) -> Result<Loaded, LogError> {
+        let stored = self.log.load()?;
+        Ok(self.park_stored(stored, now))
+    }
+
+    /// A replica taking over `node` (it now holds the node's ownership in
+    /// the replicated log): `stored`, the node's leases and tombstones read
+    /// from the log after the ownership was committed, are parked so the
+    /// node's registration finds them. Leases already in memory are kept as
+    /// they are.
+    pub fn take_over_leases(
+        &self,
+        node: &str,
+        mut stored: super::durable::Stored,
+        now: Instant,
+    ) -> Loaded {
+        {
+            let index = self.leases.lock();
+            stored
+                .leases
+                .retain(|r| r.node == node && !index.contains(r.id));
+        }
+        self.park_stored(stored, now)
+    }
+
+    /// Parks the live leases of `stored` under their nodes and keeps its
+    /// tombstones still in their time; deletes the expired, the unreadable
+    /// and the tombstones past their time.
+    fn park_stored(&self, stored: super::durable::Stored, now: Instant) -> Loaded {
         let now_ms = unix_ms_now();
         let mut out = Loaded::default();
         let mut gone = Vec::new();
-        let stored = self.log.load()?;
         {
             let mut ended = self.leases.ended();
             for (id, until) in stored.ended {
                 if until > now_ms {
                     ended.insert(id, until);
                 } else {
-                    gone.push(LeaseOp::Delete(id));
+                    gone.push(LeaseOp::Forget(id));
                 }
             }
         }
@@ -92,12 +119,18 @@ impl Store {
         for r in stored.leases {
             let Some(lease) = Lease::from_record(&r, now, now_ms) else {
                 out.unreadable += 1;
-                gone.push(LeaseOp::Delete(r.id));
+                gone.push(LeaseOp::Delete {
+                    id: r.id,
+                    node: r.node.clone(),
+                });
                 continue;
             };
             if r.expires_at_ms <= now_ms {
                 out.expired += 1;
-                gone.push(LeaseOp::Delete(r.id));
+                gone.push(LeaseOp::Delete {
+                    id: r.id,
+                    node: r.node.clone(),
+                });
                 continue;
             }
             index.add(r.id, &r.node, &lease.owner, lease.cpus.weight());
@@ -108,7 +141,7 @@ impl Store {
         self.log.submit(gone).detach();
         recovered("loaded", out.loaded);
         recovered("expired", out.expired + out.unreadable);
-        Ok(out)
+        out
     }
 
     /// Reconciles the leases `node`'s agent reports holding (its
@@ -151,7 +184,7 @@ impl Store {
                         if let Some(l) = w.leases.leases.remove(&id) {
                             tracing::warn!(node = %node.id, lease = id, cpus = %l.cpus, over = lease.id, "a later lease conflicts with one the agent holds: the later one is released");
                             self.leases.lock().remove(id);
-                            ops.push(self.end_op(&l));
+                            ops.push(self.end_op(&node.id, &l));
                             out.release_on_node.push(id);
                             out.ended.push(Ended {
                                 node: node.id.clone(),

@@ -525,7 +525,7 @@ impl Store {
         let mut edit = |m: &mut BTreeMap<u64, Lease>| {
             let l = m.get(&id).ok_or(None)?;
             may(l).map_err(Some)?;
-            let commit = self.log.submit(vec![self.end_op(l)]);
+            let commit = self.log.submit(vec![self.end_op(&node, l)]);
             let lease = m.remove(&id).ok_or(None)?;
             Ok((lease, commit))
         };
@@ -559,10 +559,14 @@ impl Store {
 
     /// The op that ends `l` before its time, with its tombstone kept (in
     /// memory and in the log) until the expiry it had.
-    pub(super) fn end_op(&self, l: &Lease) -> LeaseOp {
+    pub(super) fn end_op(&self, node: &str, l: &Lease) -> LeaseOp {
         let until_ms = wall_ms(l.expires);
         self.leases.ended().insert(l.id, until_ms);
-        LeaseOp::End { id: l.id, until_ms }
+        LeaseOp::End {
+            id: l.id,
+            node: node.to_string(),
+            until_ms,
+        }
     }
 
     /// Forgets the tombstones whose time passed, in memory and in the log.
@@ -583,7 +587,7 @@ impl Store {
             keep
         });
         self.log
-            .submit(past.into_iter().map(LeaseOp::Delete).collect())
+            .submit(past.into_iter().map(LeaseOp::Forget).collect())
             .detach();
     }
 
@@ -599,6 +603,17 @@ impl Store {
                 .submit(vec![LeaseOp::Put(l.record(&node.id))])
                 .detach();
         }
+    }
+
+    /// The node lease `id` is on, if this store holds the lease.
+    pub fn lease_node(&self, id: u64) -> Option<String> {
+        self.leases.node_of(id)
+    }
+
+    /// Whether lease changes can be committed now (a replica that lost
+    /// etcd cannot): checked before a change is made in memory.
+    pub fn leases_writable(&self) -> Result<(), super::LogError> {
+        self.log.writable()
     }
 
     /// The node's live leases, by id.
@@ -666,7 +681,14 @@ impl Store {
             return;
         }
         self.log
-            .submit(gone.iter().map(|&i| LeaseOp::Delete(i)).collect())
+            .submit(
+                gone.iter()
+                    .map(|&id| LeaseOp::Delete {
+                        id,
+                        node: node.to_string(),
+                    })
+                    .collect(),
+            )
             .detach();
         let mut index = self.leases.lock();
         for lid in gone {
@@ -720,7 +742,9 @@ impl Store {
             if fits {
                 w.leases.leases.insert(id, lease);
             } else {
-                self.log.submit(vec![self.end_op(&lease)]).detach();
+                self.log
+                    .submit(vec![self.end_op(&node.id, &lease)])
+                    .detach();
                 self.leases.lock().remove(id);
                 ended.push(Ended {
                     node: node.id.clone(),

@@ -72,6 +72,24 @@ impl Store {
         }
     }
 
+    /// A replica handing `node` over to another (or losing its claim on
+    /// it): the node leaves the store, and its leases leave memory without
+    /// ending; the replicated log keeps them for the next owner. Returns
+    /// how many leases were let go.
+    pub fn let_go(&self, node: &str) -> usize {
+        if let Some((_, n)) = self.nodes.remove(node) {
+            self.retire(&n);
+        }
+        let Some(parked) = self.leases.parked().remove(node) else {
+            return 0;
+        };
+        let mut index = self.leases.lock();
+        for id in parked.keys() {
+            index.remove(*id);
+        }
+        parked.len()
+    }
+
     /// A node leaving the store: out of the cluster sums, and its stream's
     /// registration void, so a late update is refused.
     pub(super) fn retire(&self, n: &Node) {

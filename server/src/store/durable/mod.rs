@@ -53,9 +53,28 @@ pub enum LeaseOp {
     /// conflict): gone, with a tombstone kept until `until_ms` (the expiry
     /// it had), so a node's agent that missed the end and still holds it
     /// cannot bring it back.
-    End { id: u64, until_ms: u64 },
-    /// An expiry, or a tombstone past its time: the id is forgotten.
-    Delete(u64),
+    End {
+        id: u64,
+        node: String,
+        until_ms: u64,
+    },
+    /// An expiry, or a record that cannot be read: the lease of `node` is
+    /// forgotten (with any tombstone of its id).
+    Delete { id: u64, node: String },
+    /// A tombstone past its time: the id is forgotten.
+    Forget(u64),
+}
+
+impl LeaseOp {
+    /// The node whose leases the op changes (none for a tombstone's end):
+    /// a replicated log fences the op on that node's owner.
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            LeaseOp::Put(r) => Some(&r.node),
+            LeaseOp::End { node, .. } | LeaseOp::Delete { node, .. } => Some(node),
+            LeaseOp::Forget(_) => None,
+        }
+    }
 }
 
 /// What the log keeps: the live leases, and the tombstones of the ones
@@ -117,12 +136,20 @@ impl Commit {
 /// one [`LeaseLog::submit`] atomically, batches in submission order, and
 /// never block the caller of `submit`.
 pub trait LeaseLog: Send + Sync + 'static {
-    /// Every record and tombstone kept, once at start.
+    /// Every record and tombstone kept, once at start. A replicated log,
+    /// whose leases are loaded node by node as replicas take nodes over,
+    /// returns nothing here.
     fn load(&self) -> Result<Stored, LogError>;
     /// Queues `ops` for commit and returns at once.
     fn submit(&self, ops: Vec<LeaseOp>) -> Commit;
     /// What and where it is, for the start-up log line.
     fn describe(&self) -> String;
+    /// Whether an op can be committed now: a replicated log that has lost
+    /// its quorum says why not, so a change is refused before it is made
+    /// in memory. Embedded logs always can.
+    fn writable(&self) -> Result<(), LogError> {
+        Ok(())
+    }
 }
 
 /// A log that keeps nothing: leases live as long as the process.

@@ -134,11 +134,11 @@ fn write(db: &Database, batches: &[Batch]) -> Result<(), LogError> {
                     t.insert(r.id, json.as_slice())
                         .map_err(|e| err("insert", e))?;
                 }
-                LeaseOp::End { id, until_ms } => {
+                LeaseOp::End { id, until_ms, .. } => {
                     t.remove(*id).map_err(|e| err("remove", e))?;
                     ended.insert(*id, *until_ms).map_err(|e| err("insert", e))?;
                 }
-                LeaseOp::Delete(id) => {
+                LeaseOp::Delete { id, .. } | LeaseOp::Forget(id) => {
                     t.remove(*id).map_err(|e| err("remove", e))?;
                     ended.remove(*id).map_err(|e| err("remove", e))?;
                 }
@@ -226,9 +226,16 @@ mod tests {
             for c in commits {
                 c.wait().await.unwrap();
             }
-            log.submit(vec![LeaseOp::Delete(2)]).wait().await.unwrap();
+            log.submit(vec![LeaseOp::Delete {
+                id: 2,
+                node: "n1".into(),
+            }])
+            .wait()
+            .await
+            .unwrap();
             log.submit(vec![LeaseOp::End {
                 id: 3,
+                node: "n1".into(),
                 until_ms: 99,
             }])
             .wait()
@@ -245,7 +252,7 @@ mod tests {
             vec![(3, 99)],
             "an early end leaves a tombstone"
         );
-        log.submit(vec![LeaseOp::Delete(3)]).wait().await.unwrap();
+        log.submit(vec![LeaseOp::Forget(3)]).wait().await.unwrap();
         assert!(log.load().unwrap().ended.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }

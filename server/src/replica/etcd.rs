@@ -1,0 +1,399 @@
+//! [`Etcd`]: the replicas' client of etcd's v3 API (keys, transactions,
+//! leases, watches) over one tonic channel balanced across the members.
+//!
+//! Why our own thin client: the API is four RPCs and two streams, and the
+//! crates that wrap it generate their code with a system `protoc` at build
+//! time, which a fresh machine does not have; these stubs come from
+//! `proto/etcd` through protox like the rest of fairplace's API.
+//!
+//! Every unary call is bounded by a deadline and retried once on another
+//! member when the transport fails (a killed member is not an error the
+//! caller should see). A transaction is never retried blindly: its
+//! outcome is unknown, so the caller decides.
+
+use std::time::Duration;
+
+use fairplace_proto::etcd as pb;
+use fairplace_proto::etcd::compare::{CompareResult, CompareTarget, TargetUnion};
+use pb::kv_client::KvClient;
+use pb::lease_client::LeaseClient;
+use pb::watch_client::WatchClient;
+use tokio::sync::mpsc;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// How to reach etcd: `--etcd-endpoints` and its TLS files.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdSettings {
+    /// `http://host:port` or `https://host:port`, one per member.
+    pub endpoints: Vec<String>,
+    pub ca: Option<std::path::PathBuf>,
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+    /// The key prefix every fairplace key lives under (ends in `/`).
+    pub prefix: String,
+}
+
+/// Why an etcd call failed.
+#[derive(Debug, Clone)]
+pub struct EtcdError(pub String);
+
+impl std::fmt::Display for EtcdError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "etcd: {}", self.0)
+    }
+}
+
+impl std::error::Error for EtcdError {}
+
+impl From<tonic::Status> for EtcdError {
+    fn from(s: tonic::Status) -> Self {
+        EtcdError(format!("{:?}: {}", s.code(), s.message()))
+    }
+}
+
+/// One request's deadline: a replica that cannot reach a quorum within it
+/// answers UNAVAILABLE rather than hang its caller.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Keys read per range request: a page of owners or leases stays well
+/// under etcd's message limit.
+const PAGE: i64 = 5_000;
+
+/// A client of the etcd cluster.
+#[derive(Clone)]
+pub struct Etcd {
+    channel: Channel,
+    pub prefix: String,
+}
+
+/// The exclusive end of the range of keys starting with `prefix`.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff: the range runs to the end of the keyspace.
+    vec![0]
+}
+
+impl Etcd {
+    /// A client balanced over `s.endpoints` (connections are made lazily,
+    /// and remade when a member comes back).
+    pub fn connect(s: &EtcdSettings) -> Result<Etcd, EtcdError> {
+        if s.endpoints.is_empty() {
+            return Err(EtcdError("--etcd-endpoints: no endpoint given".into()));
+        }
+        let tls = tls_config(s)?;
+        let mut eps = Vec::with_capacity(s.endpoints.len());
+        for url in &s.endpoints {
+            let mut e = Endpoint::from_shared(url.clone())
+                .map_err(|e| EtcdError(format!("--etcd-endpoints: {url}: {e}")))?
+                .connect_timeout(Duration::from_secs(1))
+                .timeout(CALL_TIMEOUT)
+                .http2_keep_alive_interval(Duration::from_secs(1))
+                .keep_alive_timeout(Duration::from_secs(2))
+                .keep_alive_while_idle(true);
+            if url.starts_with("https://") {
+                let t = tls.clone().ok_or_else(|| {
+                    EtcdError(format!(
+                        "--etcd-endpoints: {url} is https but no --etcd-tls-ca is given"
+                    ))
+                })?;
+                e = e
+                    .tls_config(t)
+                    .map_err(|e| EtcdError(format!("--etcd-tls-*: {e}")))?;
+            }
+            eps.push(e);
+        }
+        Ok(Etcd {
+            channel: Channel::balance_list(eps.into_iter()),
+            prefix: s.prefix.clone(),
+        })
+    }
+
+    /// `PREFIX` + `rest`.
+    pub fn key(&self, rest: &str) -> Vec<u8> {
+        format!("{}{rest}", self.prefix).into_bytes()
+    }
+
+    fn kv(&self) -> KvClient<Channel> {
+        KvClient::new(self.channel.clone())
+    }
+
+    /// Every key under `prefix`, read in pages of `PAGE` keys at one
+    /// revision, with that revision.
+    pub async fn range_prefix(&self, prefix: &[u8]) -> Result<(Vec<pb::KeyValue>, i64), EtcdError> {
+        let end = prefix_end(prefix);
+        let mut out = Vec::new();
+        let mut from = prefix.to_vec();
+        let mut rev = 0;
+        loop {
+            let req = pb::RangeRequest {
+                key: from.clone(),
+                range_end: end.clone(),
+                limit: PAGE,
+                revision: rev,
+                ..Default::default()
+            };
+            let r = retry_once(|| {
+                let req = req.clone();
+                let mut kv = self.kv();
+                async move { kv.range(req).await }
+            })
+            .await?;
+            if rev == 0 {
+                rev = r.header.map_or(0, |h| h.revision);
+            }
+            let more = r.more;
+            out.extend(r.kvs);
+            match out.last() {
+                Some(last) if more => {
+                    from = last.key.clone();
+                    from.push(0);
+                }
+                _ => return Ok((out, rev)),
+            }
+        }
+    }
+
+    /// One key, if it exists.
+    pub async fn get(&self, key: &[u8]) -> Result<Option<pb::KeyValue>, EtcdError> {
+        let req = pb::RangeRequest {
+            key: key.to_vec(),
+            ..Default::default()
+        };
+        let r = retry_once(|| {
+            let req = req.clone();
+            let mut kv = self.kv();
+            async move { kv.range(req).await }
+        })
+        .await?;
+        Ok(r.kvs.into_iter().next())
+    }
+
+    /// A transaction: `compare` all hold, then `success`, else `failure`.
+    /// Not retried: a transport error leaves its outcome unknown.
+    pub async fn txn(
+        &self,
+        compare: Vec<pb::Compare>,
+        success: Vec<pb::RequestOp>,
+        failure: Vec<pb::RequestOp>,
+    ) -> Result<pb::TxnResponse, EtcdError> {
+        let r = self
+            .kv()
+            .txn(pb::TxnRequest {
+                compare,
+                success,
+                failure,
+            })
+            .await?;
+        Ok(r.into_inner())
+    }
+
+    /// A new etcd lease of `ttl` seconds; its id.
+    pub async fn grant(&self, ttl_s: i64) -> Result<i64, EtcdError> {
+        let r = retry_once(|| {
+            let mut l = LeaseClient::new(self.channel.clone());
+            async move {
+                l.lease_grant(pb::LeaseGrantRequest { ttl: ttl_s, id: 0 })
+                    .await
+            }
+        })
+        .await?;
+        if !r.error.is_empty() {
+            return Err(EtcdError(format!("lease grant: {}", r.error)));
+        }
+        Ok(r.id)
+    }
+
+    /// Ends an etcd lease now (its keys go with it).
+    pub async fn revoke(&self, id: i64) -> Result<(), EtcdError> {
+        LeaseClient::new(self.channel.clone())
+            .lease_revoke(pb::LeaseRevokeRequest { id })
+            .await?;
+        Ok(())
+    }
+
+    /// Refreshes lease `id` once; the TTL etcd now gives it (0: gone).
+    /// Bounded by [`CALL_TIMEOUT`] as a whole: a member without a leader
+    /// may hold the stream open without answering.
+    pub async fn keep_alive_once(&self, id: i64) -> Result<i64, EtcdError> {
+        let once = async {
+            let mut l = LeaseClient::new(self.channel.clone());
+            let (tx, rx) = mpsc::channel(1);
+            let _ = tx.send(pb::LeaseKeepAliveRequest { id }).await;
+            let mut stream = l
+                .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await?
+                .into_inner();
+            match stream.message().await {
+                Ok(Some(r)) => Ok(r.ttl),
+                Ok(None) => Err(EtcdError("keep-alive stream closed".into())),
+                Err(s) => Err(s.into()),
+            }
+        };
+        tokio::time::timeout(CALL_TIMEOUT, once)
+            .await
+            .unwrap_or_else(|_| Err(EtcdError("keep-alive timed out".into())))
+    }
+
+    /// Watches every key under `prefix` from revision `from`; the events
+    /// arrive on the returned receiver until the watch fails (the receiver
+    /// then ends, and the caller reads the range again and watches anew).
+    pub async fn watch_prefix(
+        &self,
+        prefix: &[u8],
+        from: i64,
+    ) -> Result<mpsc::Receiver<Vec<pb::Event>>, EtcdError> {
+        let (req_tx, req_rx) = mpsc::channel(1);
+        let _ = req_tx
+            .send(pb::WatchRequest {
+                request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
+                    pb::WatchCreateRequest {
+                        key: prefix.to_vec(),
+                        range_end: prefix_end(prefix),
+                        start_revision: from,
+                        progress_notify: true,
+                        prev_kv: false,
+                    },
+                )),
+            })
+            .await;
+        let mut client = WatchClient::new(self.channel.clone());
+        let open = client.watch(tokio_stream::wrappers::ReceiverStream::new(req_rx));
+        let mut stream = tokio::time::timeout(CALL_TIMEOUT, open)
+            .await
+            .map_err(|_| EtcdError("opening a watch timed out".into()))??
+            .into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            // Held so the request side stays open as long as the watch.
+            let _req_tx = req_tx;
+            while let Ok(Some(r)) = stream.message().await {
+                if r.canceled || r.compact_revision != 0 {
+                    break;
+                }
+                if !r.events.is_empty() && tx.send(r.events).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+/// Runs `call`, and once more if the transport failed (another member may
+/// answer: the channel balances over all of them).
+async fn retry_once<T, F, Fut>(mut call: F) -> Result<T, EtcdError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    match call().await {
+        Ok(r) => Ok(r.into_inner()),
+        Err(s) if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::Unknown => {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok(call().await?.into_inner())
+        }
+        Err(s) => Err(s.into()),
+    }
+}
+
+fn tls_config(s: &EtcdSettings) -> Result<Option<ClientTlsConfig>, EtcdError> {
+    let Some(ca) = &s.ca else {
+        if s.cert.is_some() || s.key.is_some() {
+            return Err(EtcdError(
+                "--etcd-tls-cert/--etcd-tls-key need --etcd-tls-ca".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let read = |p: &std::path::Path, flag: &str| {
+        std::fs::read(p).map_err(|e| EtcdError(format!("{flag} {}: {e}", p.display())))
+    };
+    let mut t =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca, "--etcd-tls-ca")?));
+    match (&s.cert, &s.key) {
+        (Some(c), Some(k)) => {
+            t = t.identity(Identity::from_pem(
+                read(c, "--etcd-tls-cert")?,
+                read(k, "--etcd-tls-key")?,
+            ))
+        }
+        (None, None) => {}
+        _ => {
+            return Err(EtcdError(
+                "--etcd-tls-cert and --etcd-tls-key go together".into(),
+            ));
+        }
+    }
+    Ok(Some(t))
+}
+
+/// `key` exists no more (or never did): its create revision is 0.
+pub fn absent(key: Vec<u8>) -> pb::Compare {
+    pb::Compare {
+        result: CompareResult::Equal as i32,
+        target: CompareTarget::Create as i32,
+        key,
+        target_union: Some(TargetUnion::CreateRevision(0)),
+    }
+}
+
+/// `key` is bound to etcd lease `lease` (so it exists, and was written
+/// under that lease: the fence of a node's owner).
+pub fn bound_to(key: Vec<u8>, lease: i64) -> pb::Compare {
+    pb::Compare {
+        result: CompareResult::Equal as i32,
+        target: CompareTarget::Lease as i32,
+        key,
+        target_union: Some(TargetUnion::Lease(lease)),
+    }
+}
+
+pub fn put(key: Vec<u8>, value: Vec<u8>, lease: i64) -> pb::RequestOp {
+    pb::RequestOp {
+        request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
+            key,
+            value,
+            lease,
+            prev_kv: false,
+        })),
+    }
+}
+
+pub fn delete(key: Vec<u8>) -> pb::RequestOp {
+    pb::RequestOp {
+        request: Some(pb::request_op::Request::RequestDeleteRange(
+            pb::DeleteRangeRequest {
+                key,
+                range_end: Vec::new(),
+                prev_kv: false,
+            },
+        )),
+    }
+}
+
+pub fn get_op(key: Vec<u8>) -> pb::RequestOp {
+    pb::RequestOp {
+        request: Some(pb::request_op::Request::RequestRange(pb::RangeRequest {
+            key,
+            ..Default::default()
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_range_ends_after_its_last_key() {
+        assert_eq!(prefix_end(b"/fp/a"), b"/fp/b".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    }
+}

@@ -1,0 +1,288 @@
+//! [`EtcdLog`]: the lease store in etcd, for replicas. Each commit is one
+//! etcd transaction fenced on the node's owner key: it applies only while
+//! `owners/NODE` is still bound to this replica's etcd lease, so a replica
+//! that lost the node (its lease ended, another replica claimed it) can
+//! never commit a grant, a renewal or a release for it.
+//!
+//! Group commit, as the embedded store: `submit` only queues; the
+//! committer takes every waiting batch, groups them by node (order kept
+//! within a node) and sends one transaction per node at once, so 64
+//! concurrent grants on 64 nodes cost one round of parallel round trips.
+//! A transaction holds at most [`MAX_TXN_OPS`] writes (etcd's default
+//! `--max-txn-ops` is 128), and writes one key at most once: ops on the
+//! same key within a transaction are folded to the last.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::Replica;
+use super::etcd;
+use super::keys::Keys;
+use crate::store::durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError, Stored};
+
+/// Writes in one transaction at most.
+pub const MAX_TXN_OPS: usize = 120;
+/// Batches taken into one round at most.
+const MAX_BATCHES: usize = 4096;
+
+struct Batch {
+    ops: Vec<LeaseOp>,
+    done: oneshot::Sender<Result<(), LogError>>,
+}
+
+/// Tombstone id -> its node: a tombstone's end (`LeaseOp::Forget`) names
+/// only the id, its key names the node too.
+type Tombs = Arc<Mutex<HashMap<u64, String>>>;
+
+/// The lease log in etcd.
+pub struct EtcdLog {
+    replica: Arc<Replica>,
+    queue: mpsc::UnboundedSender<Batch>,
+    tombs: Tombs,
+}
+
+impl EtcdLog {
+    /// The log of `replica`, its committer running on the current runtime.
+    pub fn start(replica: Arc<Replica>) -> EtcdLog {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let tombs = Tombs::default();
+        tokio::spawn(committer(Arc::clone(&replica), Arc::clone(&tombs), rx));
+        EtcdLog {
+            replica,
+            queue,
+            tombs,
+        }
+    }
+
+    /// The leases and tombstones of `node`, read after this replica
+    /// claimed it.
+    pub async fn load_node(&self, node: &str) -> Result<Stored, LogError> {
+        let keys = &self.replica.keys;
+        let t0 = Instant::now();
+        let err = |e: etcd::EtcdError| LogError(e.to_string());
+        let (kvs, _) = self
+            .replica
+            .etcd
+            .range_prefix(&keys.leases_of(node))
+            .await
+            .map_err(err)?;
+        let mut out = Stored::default();
+        for kv in kvs {
+            match serde_json::from_slice::<LeaseRecord>(&kv.value) {
+                Ok(r) if Some(r.id) == Keys::id_at_end(&kv.key) && r.node == node => {
+                    out.leases.push(r)
+                }
+                _ => {
+                    tracing::error!(key = %String::from_utf8_lossy(&kv.key), "a lease record in etcd cannot be read; left out")
+                }
+            }
+        }
+        let (kvs, _) = self
+            .replica
+            .etcd
+            .range_prefix(&keys.ended_of(node))
+            .await
+            .map_err(err)?;
+        let mut tombs = self.tombs.lock().unwrap_or_else(PoisonError::into_inner);
+        for kv in kvs {
+            let until = std::str::from_utf8(&kv.value)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok());
+            if let (Some(id), Some(until)) = (Keys::id_at_end(&kv.key), until) {
+                tombs.insert(id, node.to_string());
+                out.ended.push((id, until));
+            }
+        }
+        super::observe_etcd("read", t0);
+        Ok(out)
+    }
+}
+
+impl LeaseLog for EtcdLog {
+    /// Leases are loaded node by node as this replica claims nodes.
+    fn load(&self) -> Result<Stored, LogError> {
+        Ok(Stored::default())
+    }
+
+    fn submit(&self, ops: Vec<LeaseOp>) -> Commit {
+        if ops.is_empty() {
+            return Commit::done(Ok(()));
+        }
+        let (done, rx) = oneshot::channel();
+        match self.queue.send(Batch { ops, done }) {
+            Ok(()) => Commit::waiting(rx),
+            Err(_) => Commit::done(Err(LogError("the committer stopped".into()))),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "etcd under {} (replica {}, fenced on node ownership)",
+            self.replica.keys.prefix, self.replica.id
+        )
+    }
+
+    fn writable(&self) -> Result<(), LogError> {
+        self.replica.writable().map_err(LogError)
+    }
+}
+
+/// Takes every waiting batch and commits them, one transaction per node,
+/// the nodes in parallel.
+async fn committer(replica: Arc<Replica>, tombs: Tombs, mut rx: mpsc::UnboundedReceiver<Batch>) {
+    while let Some(first) = rx.recv().await {
+        let mut batches = vec![first];
+        while batches.len() < MAX_BATCHES {
+            match rx.try_recv() {
+                Ok(b) => batches.push(b),
+                Err(_) => break,
+            }
+        }
+        metrics::histogram!(crate::metrics::LEASE_COMMIT_BATCHES).record(batches.len() as f64);
+        let mut groups: Vec<(Option<String>, Vec<Batch>)> = Vec::new();
+        for b in batches {
+            let node = b.ops.iter().find_map(|o| o.node()).map(str::to_string);
+            match groups.iter_mut().find(|g| g.0 == node) {
+                Some(g) => g.1.push(b),
+                None => groups.push((node, vec![b])),
+            }
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for (node, bs) in groups {
+            set.spawn(commit_group(
+                Arc::clone(&replica),
+                Arc::clone(&tombs),
+                node,
+                bs,
+            ));
+        }
+        while set.join_next().await.is_some() {}
+    }
+}
+
+/// One node's batches, in order, in as few transactions as fit.
+async fn commit_group(replica: Arc<Replica>, tombs: Tombs, node: Option<String>, bs: Vec<Batch>) {
+    let mut chunk: Vec<Batch> = Vec::new();
+    let mut n = 0;
+    for b in bs {
+        let k = b.ops.len() * 3;
+        if !chunk.is_empty() && n + k > MAX_TXN_OPS {
+            commit_chunk(
+                &replica,
+                &tombs,
+                node.as_deref(),
+                std::mem::take(&mut chunk),
+            )
+            .await;
+            n = 0;
+        }
+        n += k;
+        chunk.push(b);
+    }
+    if !chunk.is_empty() {
+        commit_chunk(&replica, &tombs, node.as_deref(), chunk).await;
+    }
+}
+
+async fn commit_chunk(replica: &Replica, tombs: &Tombs, node: Option<&str>, chunk: Vec<Batch>) {
+    let t0 = Instant::now();
+    let r = write(replica, tombs, node, &chunk).await;
+    metrics::histogram!(crate::metrics::LEASE_COMMIT_SECONDS).record(t0.elapsed().as_secs_f64());
+    super::observe_etcd("commit", t0);
+    if let Err(e) = &r {
+        metrics::counter!(crate::metrics::LEASE_STORE_ERRORS).increment(1);
+        tracing::warn!(error = %e, node, "lease commit refused");
+    }
+    for b in chunk {
+        let _ = b.done.send(r.clone());
+    }
+}
+
+/// The chunk's ops as one transaction, fenced on `node`'s owner key.
+async fn write(
+    replica: &Replica,
+    tombs: &Tombs,
+    node: Option<&str>,
+    chunk: &[Batch],
+) -> Result<(), LogError> {
+    let keys = &replica.keys;
+    let mut compare = Vec::new();
+    if let Some(n) = node {
+        let lease = replica.fence(n).ok_or_else(|| {
+            LogError(format!(
+                "replica {} does not hold node {n} now (handed over, or etcd lost): the change is refused",
+                replica.id
+            ))
+        })?;
+        compare.push(etcd::bound_to(keys.owner(n), lease));
+    }
+    // Key -> its last value (None: deleted), in key order: etcd refuses a
+    // transaction that writes one key twice.
+    let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+    {
+        let mut tombs = tombs.lock().unwrap_or_else(PoisonError::into_inner);
+        for op in chunk.iter().flat_map(|b| &b.ops) {
+            fold(keys, &mut tombs, op, &mut writes)?;
+        }
+    }
+    let ops = writes
+        .into_iter()
+        .map(|(k, v)| match v {
+            Some(v) => etcd::put(k, v, 0),
+            None => etcd::delete(k),
+        })
+        .collect();
+    let r = replica
+        .etcd
+        .txn(compare, ops, Vec::new())
+        .await
+        .map_err(|e| LogError(e.to_string()))?;
+    if !r.succeeded {
+        return Err(LogError(format!(
+            "replica {} no longer owns node {}: the change is refused",
+            replica.id,
+            node.unwrap_or("")
+        )));
+    }
+    Ok(())
+}
+
+/// One op as the key writes it makes.
+fn fold(
+    keys: &Keys,
+    tombs: &mut HashMap<u64, String>,
+    op: &LeaseOp,
+    w: &mut BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+) -> Result<(), LogError> {
+    match op {
+        LeaseOp::Put(r) => {
+            let json = serde_json::to_vec(r).map_err(|e| LogError(format!("encode: {e}")))?;
+            w.insert(keys.lease(&r.node, r.id), Some(json));
+            w.insert(keys.lease_id(r.id), Some(r.node.clone().into_bytes()));
+        }
+        LeaseOp::End { id, node, until_ms } => {
+            w.insert(keys.lease(node, *id), None);
+            w.insert(keys.lease_id(*id), None);
+            w.insert(
+                keys.ended(node, *id),
+                Some(until_ms.to_string().into_bytes()),
+            );
+            tombs.insert(*id, node.clone());
+        }
+        LeaseOp::Delete { id, node } => {
+            w.insert(keys.lease(node, *id), None);
+            w.insert(keys.lease_id(*id), None);
+            w.insert(keys.ended(node, *id), None);
+            tombs.remove(id);
+        }
+        LeaseOp::Forget(id) => {
+            if let Some(node) = tombs.remove(id) {
+                w.insert(keys.ended(&node, *id), None);
+            }
+        }
+    }
+    Ok(())
+}

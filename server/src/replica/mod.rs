@@ -1,0 +1,373 @@
+//! Replicas on etcd: several `fairplace-server serve --etcd-endpoints ...`
+//! share the nodes, so losing one loses nothing and grants nothing twice.
+//!
+//! What this module owns, and why each part needs consensus:
+//! - **Membership** ([`Replica::join`], [`Replica::keep_alive`]): each
+//!   replica's key is bound to an etcd lease it keeps alive; a replica that
+//!   dies or loses etcd leaves the set when the lease ends.
+//! - **Ownership**: a node's owner is its rendezvous-hash winner among the
+//!   members ([`hrw`]), and is *confirmed* by the key `owners/NODE`, bound to
+//!   the owner's etcd lease, created only where absent ([`Replica::claim`]).
+//!   The key, not the hash, is what lease writes are fenced on: two
+//!   replicas that both believe they own a node can never both commit.
+//! - **Leases** ([`log::EtcdLog`]): the lease store's etcd implementation,
+//!   each commit fenced on the owner key.
+//! - **One balancer** ([`Replica::campaign`]): the `leader` key.
+//! - **Forwarding** ([`forward`]): any replica answers any call by passing
+//!   it to the node's owner over mutual TLS, with the caller's identity.
+//!
+//! Node state itself is soft (agents send it again), so it never goes
+//! through etcd: only membership, ownership, leases and the leader do.
+
+pub mod etcd;
+pub mod forward;
+pub mod hrw;
+pub mod keys;
+pub mod log;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::metrics as m;
+use etcd::{Etcd, EtcdError, EtcdSettings};
+use keys::Keys;
+
+/// `--replica-id`, `--advertise-addr` and the etcd to join.
+#[derive(Debug, Clone)]
+pub struct ReplicaConfig {
+    pub id: String,
+    /// Where peers and agents reach this replica's gRPC port.
+    pub advertise: String,
+    pub etcd: EtcdSettings,
+    /// The etcd lease membership and ownership are bound to: a replica that
+    /// stops keeping it alive leaves within this long.
+    pub lease_ttl: Duration,
+    /// How to reach peers when forwarding (TLS, client certificate).
+    pub peer_tls: Option<forward::PeerTls>,
+}
+
+/// A member of the replica set, as its key holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: String,
+    pub addr: String,
+}
+
+/// Why a node could not be claimed.
+#[derive(Debug, Clone)]
+pub enum ClaimError {
+    /// Another live replica owns it (or should): go there.
+    Elsewhere(Member),
+    /// Another replica holds it and its address is not known, or etcd
+    /// cannot be reached: try again.
+    Unavailable(String),
+}
+
+/// Where an agent should go instead of this replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redirect {
+    /// The owner's advertised address; empty: any replica.
+    pub addr: String,
+    pub why: String,
+}
+
+/// One replica's view of the set, and its own standing in it.
+pub struct Replica {
+    pub id: String,
+    pub advertise: String,
+    pub etcd: Etcd,
+    pub keys: Keys,
+    ttl: Duration,
+    /// The etcd lease this replica's keys are bound to (0: none yet).
+    lease: AtomicI64,
+    /// Milliseconds after `epoch` until which the lease is known alive:
+    /// the last keep-alive's send time plus the TTL etcd granted.
+    alive_until_ms: AtomicU64,
+    epoch: Instant,
+    members: ArcSwap<Vec<Member>>,
+    /// node -> its owner's id, as watched in etcd.
+    owners: DashMap<String, String>,
+    /// Nodes whose owner key this replica wrote -> the lease it is bound to.
+    owned: DashMap<String, i64>,
+    /// Nodes whose owner key ended (owner gone, node handed over) and that
+    /// no replica has claimed since -> when: a call for one is "retry"
+    /// (UNAVAILABLE), not "no such node".
+    orphaned: DashMap<String, Instant>,
+    leader: AtomicBool,
+    /// node -> the redirect channel of its registered Report stream.
+    streams: DashMap<String, (u64, watch::Sender<Option<Redirect>>)>,
+    pub peers: forward::Peers,
+}
+
+impl Replica {
+    /// Connects to etcd, takes an etcd lease, registers this replica and
+    /// reads the set and the owners. Retries for `start_timeout` while
+    /// etcd cannot be reached (a pod may start before its etcd).
+    pub async fn join(
+        cfg: ReplicaConfig,
+        start_timeout: Duration,
+    ) -> Result<Arc<Replica>, EtcdError> {
+        if cfg.id.is_empty() || cfg.id.contains('/') || cfg.id.chars().any(char::is_control) {
+            return Err(EtcdError(format!(
+                "--replica-id: {:?} must be non-empty, without '/' or control characters",
+                cfg.id
+            )));
+        }
+        let etcd = Etcd::connect(&cfg.etcd)?;
+        let keys = Keys {
+            prefix: cfg.etcd.prefix.clone(),
+        };
+        let r = Arc::new(Replica {
+            id: cfg.id.clone(),
+            advertise: cfg.advertise.clone(),
+            etcd,
+            keys,
+            ttl: cfg.lease_ttl.max(Duration::from_secs(2)),
+            lease: AtomicI64::new(0),
+            alive_until_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            members: ArcSwap::from_pointee(Vec::new()),
+            owners: DashMap::new(),
+            owned: DashMap::new(),
+            orphaned: DashMap::new(),
+            leader: AtomicBool::new(false),
+            streams: DashMap::new(),
+            peers: forward::Peers::new(cfg.peer_tls.clone()),
+        });
+        let deadline = Instant::now() + start_timeout;
+        loop {
+            match r.register_member().await {
+                Ok(()) => break,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "cannot join the replica set yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        r.read_members().await?;
+        r.read_owners().await?;
+        metrics::gauge!(m::REPLICA_ETCD_UP).set(1.0);
+        metrics::gauge!(m::REPLICA_OWNED_NODES).set(0.0);
+        metrics::gauge!(m::REPLICA_LEADER).set(0.0);
+        Ok(r)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The etcd lease this replica's keys are bound to, while it is known
+    /// alive; `None` once it may have ended.
+    pub fn live_lease(&self) -> Option<i64> {
+        let l = self.lease.load(Ordering::SeqCst);
+        (l != 0 && self.now_ms() < self.alive_until_ms.load(Ordering::SeqCst)).then_some(l)
+    }
+
+    /// Whether this replica may commit lease changes now, and if not why.
+    pub fn writable(&self) -> Result<(), String> {
+        match self.live_lease() {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "replica {} has lost etcd (its etcd lease may have ended): lease changes are refused until it is back",
+                self.id
+            )),
+        }
+    }
+
+    /// A new etcd lease and this replica's member key bound to it.
+    async fn register_member(&self) -> Result<(), EtcdError> {
+        let ttl_s = self.ttl.as_secs().max(1) as i64;
+        let sent = self.now_ms();
+        let lease = self.etcd.grant(ttl_s).await?;
+        let me = serde_json::to_vec(&Member {
+            id: self.id.clone(),
+            addr: self.advertise.clone(),
+        })
+        .map_err(|e| EtcdError(e.to_string()))?;
+        let r = self
+            .etcd
+            .txn(
+                vec![],
+                vec![etcd::put(self.keys.member(&self.id), me, lease)],
+                vec![],
+            )
+            .await?;
+        if !r.succeeded {
+            return Err(EtcdError("member registration failed".into()));
+        }
+        self.lease.store(lease, Ordering::SeqCst);
+        self.alive_until_ms
+            .store(sent + ttl_s as u64 * 1000, Ordering::SeqCst);
+        tracing::info!(replica = %self.id, addr = %self.advertise, lease, "joined the replica set");
+        Ok(())
+    }
+
+    /// The live members, sorted by id.
+    pub fn members(&self) -> Arc<Vec<Member>> {
+        self.members.load_full()
+    }
+
+    pub fn member(&self, id: &str) -> Option<Member> {
+        self.members().iter().find(|m| m.id == id).cloned()
+    }
+
+    /// The member rendezvous hashing gives `node` to.
+    pub fn hrw_owner(&self, node: &str) -> Option<Member> {
+        let ms = self.members();
+        let id = hrw::owner(ms.iter().map(|m| m.id.as_str()), node)?.to_string();
+        ms.iter().find(|m| m.id == id).cloned()
+    }
+
+    /// The replica whose owner key `node` has, if it is a live member.
+    pub fn owner_of(&self, node: &str) -> Option<Member> {
+        let id = self.owners.get(node)?.clone();
+        self.member(&id)
+    }
+
+    /// Whether `node` lost its owner within [`MOVING_FOR`] and no replica
+    /// has claimed it since: its agent is on its way to the next owner.
+    pub fn moving(&self, node: &str) -> bool {
+        self.orphaned
+            .get(node)
+            .is_some_and(|t| t.elapsed() < MOVING_FOR)
+    }
+
+    /// Nodes this replica holds the owner key of.
+    pub fn owned_count(&self) -> usize {
+        self.owned.len()
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::Relaxed) && self.live_lease().is_some()
+    }
+
+    /// The fence of `node`: the etcd lease its owner key was written under,
+    /// if this replica holds it and is alive.
+    pub fn fence(&self, node: &str) -> Option<i64> {
+        let live = self.live_lease()?;
+        let l = *self.owned.get(node)?;
+        (l == live).then_some(l)
+    }
+
+    /// Claims `node` for this replica: its owner key is created, bound to
+    /// this replica's etcd lease, only where there is none (or it is this
+    /// replica's already). Refused when rendezvous hashing gives the node
+    /// to another live member.
+    pub async fn claim(&self, node: &str) -> Result<(), ClaimError> {
+        if let Some(o) = self.hrw_owner(node)
+            && o.id != self.id
+        {
+            return Err(ClaimError::Elsewhere(o));
+        }
+        let lease = self.live_lease().ok_or_else(|| {
+            ClaimError::Unavailable(format!(
+                "replica {} cannot reach etcd: it claims no node until it can",
+                self.id
+            ))
+        })?;
+        let key = self.keys.owner(node);
+        let t0 = Instant::now();
+        let r = self
+            .etcd
+            .txn(
+                vec![etcd::absent(key.clone())],
+                vec![etcd::put(key.clone(), self.id.clone().into_bytes(), lease)],
+                vec![etcd::get_op(key)],
+            )
+            .await
+            .map_err(|e| ClaimError::Unavailable(e.to_string()))?;
+        observe_etcd("claim", t0);
+        if r.succeeded {
+            self.owned.insert(node.to_string(), lease);
+            self.owners.insert(node.to_string(), self.id.clone());
+            metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);
+            return Ok(());
+        }
+        let holder = r.responses.into_iter().find_map(|op| match op.response {
+            Some(fairplace_proto::etcd::response_op::Response::ResponseRange(rr)) => {
+                rr.kvs.into_iter().next()
+            }
+            _ => None,
+        });
+        match holder {
+            Some(kv) if kv.lease == lease && kv.value == self.id.as_bytes() => {
+                self.owned.insert(node.to_string(), lease);
+                Ok(())
+            }
+            // Rendezvous hashing gives the node to this replica: the holder
+            // is handing it over, or left and its etcd lease has not ended.
+            Some(kv) => Err(ClaimError::Unavailable(format!(
+                "node {node} is still held by replica {} (handing over, or its etcd lease has not ended yet); retry",
+                String::from_utf8_lossy(&kv.value)
+            ))),
+            None => Err(ClaimError::Unavailable(format!(
+                "node {node}: its owner key changed while it was claimed"
+            ))),
+        }
+    }
+
+    /// Gives up `node`: its owner key is deleted if it is still this
+    /// replica's (bound to the lease it was written under).
+    pub async fn release(&self, node: &str) {
+        let Some((_, lease)) = self.owned.remove(node) else {
+            return;
+        };
+        metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);
+        let key = self.keys.owner(node);
+        let t0 = Instant::now();
+        if let Err(e) = self
+            .etcd
+            .txn(
+                vec![etcd::bound_to(key.clone(), lease)],
+                vec![etcd::delete(key)],
+                vec![],
+            )
+            .await
+        {
+            // The key ends with the lease anyway.
+            tracing::warn!(node, error = %e, "could not delete the owner key; it ends with the etcd lease");
+        }
+        observe_etcd("release", t0);
+        metrics::counter!(m::REPLICA_HANDOFFS, "how" => "released").increment(1);
+    }
+
+    /// A registered Report stream of `node` (its registration
+    /// `generation`): the receiver says where to send the agent when the
+    /// node is handed over.
+    pub fn attach_stream(&self, node: &str, generation: u64) -> watch::Receiver<Option<Redirect>> {
+        let (tx, rx) = watch::channel(None);
+        self.streams.insert(node.to_string(), (generation, tx));
+        rx
+    }
+
+    pub fn detach_stream(&self, node: &str, generation: u64) {
+        self.streams.remove_if(node, |_, (g, _)| *g == generation);
+    }
+
+    /// Ends `node`'s stream with `to`; false when it has none.
+    fn redirect(&self, node: &str, to: Redirect) -> bool {
+        match self.streams.get(node) {
+            Some(s) => s.1.send(Some(to)).is_ok(),
+            None => false,
+        }
+    }
+}
+
+/// How long a node that lost its owner counts as moving (its agent
+/// reconnects within a few seconds; one that does not is gone).
+pub const MOVING_FOR: Duration = Duration::from_secs(30);
+
+/// etcd round trips, by operation.
+pub(crate) fn observe_etcd(op: &'static str, t0: Instant) {
+    metrics::histogram!(m::REPLICA_ETCD_SECONDS, "op" => op).record(t0.elapsed().as_secs_f64());
+}
+
+mod background;
+pub use background::Hooks;

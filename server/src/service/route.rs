@@ -1,0 +1,182 @@
+//! Which replica answers a call, when the server is one of several
+//! (`--etcd-endpoints`): the node's owner. A call for a node this replica
+//! holds is answered here; one for a node another replica owns is passed
+//! to it ([`crate::replica::forward`]) with the caller's identity; a call
+//! another replica passed here is answered here, never passed on again.
+//!
+//! Agents are routed at registration: a replica claims the node
+//! ([`Replicated::take_over`]) or ends the stream with the owner's address
+//! in [`OWNER_HEADER`], which the agent follows.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use fairplace_proto::v1::admin_service_client::AdminServiceClient;
+use fairplace_proto::v1::placement_service_client::PlacementServiceClient;
+use tonic::Status;
+use tonic::transport::Channel;
+
+use super::identity::{Caller, Forwarded};
+use crate::replica::log::EtcdLog;
+use crate::replica::{ClaimError, Member, Redirect, Replica};
+use crate::store::Store;
+
+/// The trailer metadata key with which a replica sends an agent to the
+/// node's owner (`host:port`; absent: any replica).
+pub const OWNER_HEADER: &str = "fairplace-owner";
+
+/// A replica's membership and its lease store.
+#[derive(Clone)]
+pub struct Replicated {
+    pub replica: Arc<Replica>,
+    pub log: Arc<EtcdLog>,
+}
+
+/// Where a call is answered.
+pub enum Route {
+    Here,
+    Peer(Member),
+}
+
+/// Whether the call was passed here by another replica.
+pub fn forwarded(ext: &http::Extensions) -> bool {
+    ext.get::<Forwarded>().is_some()
+}
+
+impl Replicated {
+    /// The replica that answers a call for `node`: here when it is
+    /// registered here, when the call was forwarded, or when no other live
+    /// replica owns it; UNAVAILABLE (retry) while the node is moving
+    /// between replicas.
+    pub fn route_node(
+        &self,
+        store: &Store,
+        node: &str,
+        ext: &http::Extensions,
+    ) -> Result<Route, Status> {
+        if node.is_empty() || store.get(node).is_some() {
+            return Ok(Route::Here);
+        }
+        match self.replica.owner_of(node) {
+            Some(m) if m.id != self.replica.id && !forwarded(ext) => Ok(Route::Peer(m)),
+            Some(_) => Ok(Route::Here),
+            None if self.replica.moving(node) => Err(Status::unavailable(format!(
+                "node_id: node {} is moving between replicas (its owner left); retry",
+                crate::quote::quote(node)
+            ))),
+            None => Ok(Route::Here),
+        }
+    }
+
+    /// The replica that answers a call for lease `id`: here when this
+    /// replica holds it (or the call was forwarded), else its node's owner,
+    /// found through the lease's key in etcd.
+    pub async fn route_lease(
+        &self,
+        store: &Store,
+        id: u64,
+        ext: &http::Extensions,
+    ) -> Result<Route, Status> {
+        if forwarded(ext) || store.lease_node(id).is_some() {
+            return Ok(Route::Here);
+        }
+        let kv = self
+            .replica
+            .etcd
+            .get(&self.replica.keys.lease_id(id))
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let Some(kv) = kv else {
+            return Ok(Route::Here);
+        };
+        let node = String::from_utf8_lossy(&kv.value).into_owned();
+        match self.replica.owner_of(&node) {
+            Some(m) if m.id != self.replica.id => Ok(Route::Peer(m)),
+            Some(_) => Ok(Route::Here),
+            None => Err(Status::unavailable(format!(
+                "lease_id: lease {id} is on node {}, which no replica holds now (its agent is reconnecting); retry",
+                crate::quote::quote(&node)
+            ))),
+        }
+    }
+
+    pub fn placement(&self, m: &Member) -> Result<PlacementServiceClient<Channel>, Status> {
+        Ok(PlacementServiceClient::new(
+            self.replica.peers.channel(&m.addr)?,
+        ))
+    }
+
+    pub fn admin(&self, m: &Member) -> Result<AdminServiceClient<Channel>, Status> {
+        Ok(AdminServiceClient::new(
+            self.replica.peers.channel(&m.addr)?,
+        ))
+    }
+
+    /// Claims `node` for this replica and parks its leases from etcd, or
+    /// says where its agent should go.
+    pub async fn take_over(&self, store: &Store, node: &str) -> Result<(), Status> {
+        match self.replica.claim(node).await {
+            Ok(()) => {}
+            Err(ClaimError::Elsewhere(m)) => {
+                metrics::counter!(crate::metrics::REPLICA_HANDOFFS, "how" => "redirected")
+                    .increment(1);
+                return Err(redirect_status(&Redirect {
+                    addr: m.addr,
+                    why: format!(
+                        "node {} is owned by replica {}",
+                        crate::quote::quote(node),
+                        m.id
+                    ),
+                }));
+            }
+            Err(ClaimError::Unavailable(why)) => return Err(Status::unavailable(why)),
+        }
+        match self.log.load_node(node).await {
+            Ok(stored) => {
+                let loaded = store.take_over_leases(node, stored, Instant::now());
+                metrics::counter!(crate::metrics::REPLICA_HANDOFFS, "how" => "claimed")
+                    .increment(1);
+                tracing::info!(node, leases = loaded.loaded, "node claimed");
+                Ok(())
+            }
+            Err(e) => {
+                self.replica.release(node).await;
+                Err(Status::unavailable(format!(
+                    "node {}: its leases cannot be read: {e}",
+                    crate::quote::quote(node)
+                )))
+            }
+        }
+    }
+}
+
+/// The status that ends an agent's stream and sends it to `r.addr`.
+pub fn redirect_status(r: &Redirect) -> Status {
+    let msg = if r.addr.is_empty() {
+        format!("{}; reconnect to any replica", r.why)
+    } else {
+        format!("{}; reconnect to {}", r.why, r.addr)
+    };
+    let mut s = Status::unavailable(msg);
+    if let Ok(v) = r.addr.parse() {
+        s.metadata_mut().insert(OWNER_HEADER, v);
+    }
+    s
+}
+
+/// `msg` passed to a peer for `caller`, counted under `method`.
+pub async fn forward<T, R, F, Fut>(
+    method: &'static str,
+    caller: &Caller,
+    msg: T,
+    call: F,
+) -> Result<tonic::Response<R>, Status>
+where
+    F: FnOnce(tonic::Request<T>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+{
+    let req = crate::replica::forward::Peers::request(msg, &caller.owner())?;
+    let out = call(req).await;
+    crate::replica::forward::count(method, &out);
+    out
+}

@@ -1,0 +1,692 @@
+//! Replicas on a real etcd: three `fairplace-server serve --etcd-endpoints`
+//! on a three-member etcd cluster (Debian's `etcd`), simulated agents and
+//! orchestrator clients, and the failures the replicas exist for: a replica
+//! killed under load, an etcd member lost, a quorum lost, a replica frozen
+//! past its etcd lease.
+//!
+//! What every test reads back is real: the keys in etcd (owners, leases),
+//! each replica's /metrics, and what the agents' nodes answer.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fairplace_e2e::etcd::{EtcdCluster, etcd_or_skip};
+use fairplace_e2e::{Agent, Server, free_port, http_get, rt, send_signal};
+use fairplace_proto::v1 as pb;
+use fairplace_proto::v1::admin_service_client::AdminServiceClient;
+use fairplace_proto::v1::placement_service_client::PlacementServiceClient;
+use tonic::transport::Channel;
+
+/// The etcd lease TTL the replicas run with (s): a killed replica's nodes
+/// move within it.
+const TTL_S: &str = "2";
+
+struct Rig {
+    etcd: EtcdCluster,
+    addrs: Vec<String>,
+    replicas: Vec<Option<Server>>,
+    agents: Vec<Agent>,
+}
+
+impl Rig {
+    async fn start(bin: &str, replicas: usize) -> Rig {
+        let etcd = EtcdCluster::start(bin, 3);
+        etcd.wait_healthy(Duration::from_secs(20)).await;
+        let addrs: Vec<String> = (0..replicas)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let mut rig = Rig {
+            etcd,
+            addrs,
+            replicas: Vec::new(),
+            agents: Vec::new(),
+        };
+        for i in 0..replicas {
+            let s = rig.spawn_replica(i);
+            rig.replicas.push(Some(s));
+        }
+        rig
+    }
+
+    fn spawn_replica(&self, i: usize) -> Server {
+        let eps = self.etcd.endpoints();
+        let id = format!("r{i}");
+        Server::start(&[
+            "--grpc-addr",
+            &self.addrs[i],
+            "--etcd-endpoints",
+            &eps,
+            "--replica-id",
+            &id,
+            "--etcd-lease-ttl-s",
+            TTL_S,
+            "--stale-after-ms",
+            "2000",
+        ])
+    }
+
+    /// `n` simulated nodes of `cpus` CPUs, reporting every 200 ms, told
+    /// every replica's address.
+    fn simulate(&mut self, name: &str, n: u32, cpus: u32) {
+        let servers = self.addrs.join(",");
+        let (n, cpus) = (n.to_string(), cpus.to_string());
+        self.agents.push(Agent::start(
+            &servers,
+            &[
+                "--node-id",
+                name,
+                "--simulate",
+                &n,
+                "--simulate-cpus",
+                &cpus,
+                "--interval-ms",
+                "200",
+            ],
+        ));
+    }
+
+    fn channel(&self, i: usize) -> Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.addrs[i]))
+            .unwrap()
+            .connect_timeout(Duration::from_millis(500))
+            .timeout(Duration::from_secs(3))
+            .connect_lazy()
+    }
+
+    fn placement(&self, i: usize) -> PlacementServiceClient<Channel> {
+        PlacementServiceClient::new(self.channel(i))
+    }
+
+    fn admin(&self, i: usize) -> AdminServiceClient<Channel> {
+        AdminServiceClient::new(self.channel(i))
+    }
+
+    fn metrics(&self, i: usize) -> String {
+        let s = self.replicas[i].as_ref().expect("replica running");
+        http_get(&s.metrics)
+    }
+
+    /// A gauge's value at replica `i`.
+    fn gauge(&self, i: usize, name: &str) -> f64 {
+        let text = self.metrics(i);
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| {
+                let ours: Vec<&str> = text.lines().filter(|l| l.contains("replica")).collect();
+                panic!("no {name} at replica {i}: {ours:#?}")
+            })
+    }
+
+    /// The nodes ListNodes at replica `i` shows fresh.
+    async fn fresh_nodes(&self, i: usize) -> usize {
+        match self.admin(i).list_nodes(pb::ListNodesRequest {}).await {
+            Ok(r) => r.into_inner().nodes.iter().filter(|n| n.fresh).count(),
+            Err(_) => 0,
+        }
+    }
+
+    async fn wait_fresh(&self, i: usize, n: usize, limit: Duration) -> Duration {
+        let t0 = Instant::now();
+        loop {
+            let f = self.fresh_nodes(i).await;
+            if f >= n {
+                return t0.elapsed();
+            }
+            assert!(
+                t0.elapsed() < limit,
+                "only {f} of {n} nodes fresh at replica r{i} after {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The owner keys in etcd: node -> replica.
+    async fn owners(&self) -> BTreeMap<String, String> {
+        self.etcd
+            .range_prefix("/fairplace/owners/")
+            .await
+            .into_iter()
+            .map(|(k, v)| (k.trim_start_matches("/fairplace/owners/").to_string(), v))
+            .collect()
+    }
+
+    /// The lease records in etcd.
+    async fn leases(&self) -> Vec<serde_json::Value> {
+        self.etcd
+            .range_prefix("/fairplace/leases/")
+            .await
+            .into_iter()
+            .map(|(_, v)| serde_json::from_str(&v).expect("a lease record is JSON"))
+            .collect()
+    }
+}
+
+/// No CPU is in two live leases of one node (from etcd's records).
+fn assert_no_cpu_twice(leases: &[serde_json::Value]) {
+    let mut held: HashMap<(String, u32), u64> = HashMap::new();
+    for l in leases {
+        let node = l["node"].as_str().unwrap().to_string();
+        let id = l["id"].as_u64().unwrap();
+        for cpu in fairplace::engine::cpumask::CpuMask::parse_cpulist(
+            l["cpus"].as_str().unwrap(),
+            fairplace::engine::cpumask::MAX_CPUS,
+        )
+        .unwrap()
+        .iter()
+        {
+            if let Some(other) = held.insert((node.clone(), cpu as u32), id) {
+                panic!("CPU {cpu} of {node} is in leases {other} and {id}");
+            }
+        }
+    }
+}
+
+fn node(name: &str, i: u32) -> String {
+    format!("{name}-sim-{i}")
+}
+
+#[test]
+fn three_replicas_share_the_nodes_and_answer_for_each_other() {
+    let Some(bin) = etcd_or_skip("three_replicas_share_the_nodes_and_answer_for_each_other") else {
+        return;
+    };
+    rt().block_on(async {
+        let mut rig = Rig::start(&bin, 3).await;
+        rig.simulate("share", 60, 8);
+        rig.wait_fresh(0, 60, Duration::from_secs(20)).await;
+        // Every node has one owner key, and every replica owns a share.
+        let owners = rig.owners().await;
+        assert_eq!(owners.len(), 60, "{owners:?}");
+        let mut per: HashMap<&str, usize> = HashMap::new();
+        for r in owners.values() {
+            *per.entry(r.as_str()).or_default() += 1;
+        }
+        for r in ["r0", "r1", "r2"] {
+            let n = per.get(r).copied().unwrap_or(0);
+            assert!((8..=35).contains(&n), "{r} owns {n} of 60: {per:?}");
+            let i: usize = r[1..].parse().unwrap();
+            assert_eq!(rig.gauge(i, "fairplace_replica_owned_nodes") as usize, n);
+            assert_eq!(rig.gauge(i, "fairplace_replica_members"), 3.0);
+        }
+        // Each replica answers PickCpu for every node: its own, and the
+        // others' through their owners.
+        for i in 0..3 {
+            let mut p = rig.placement(i);
+            for k in 0..60 {
+                let r = p
+                    .pick_cpu(pb::PickCpuRequest {
+                        node_id: node("share", k),
+                        kind: pb::RequestKind::Fork as i32,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("r{i} PickCpu {}: {e}", node("share", k)))
+                    .into_inner();
+                assert_eq!(r.node_id, node("share", k));
+            }
+        }
+        // A lease taken at one replica for a node another owns, seen at
+        // a third, renewed and released at others.
+        let (n, owner) = owners.iter().find(|(_, o)| *o == "r2").unwrap();
+        let l = rig
+            .placement(0)
+            .allocate_cpus(pb::AllocateCpusRequest {
+                node_id: n.clone(),
+                count: 2,
+                holder: "t".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("AllocateCpus forwarded to the owner")
+            .into_inner();
+        assert_eq!(owner, "r2");
+        let g = rig
+            .admin(1)
+            .get_node(pb::GetNodeRequest { node_id: n.clone() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            g.leases
+                .iter()
+                .any(|x| x.lease_id == l.lease_id && x.cpus == l.cpus),
+            "GetNode at r1 shows the lease: {:?}",
+            g.leases
+        );
+        let in_etcd = rig.leases().await;
+        assert!(in_etcd.iter().any(|r| r["id"].as_u64() == Some(l.lease_id)));
+        rig.placement(1)
+            .renew_lease(pb::RenewLeaseRequest {
+                lease_id: l.lease_id,
+                ttl_ms: 60_000,
+            })
+            .await
+            .expect("RenewLease routed by lease id");
+        rig.placement(0)
+            .release_cpus(pb::ReleaseCpusRequest {
+                lease_id: l.lease_id,
+            })
+            .await
+            .expect("ReleaseCpus routed by lease id");
+        assert!(
+            !rig.leases()
+                .await
+                .iter()
+                .any(|r| r["id"].as_u64() == Some(l.lease_id)),
+            "the released lease left etcd"
+        );
+        // Forwards were counted, and exactly one replica leads.
+        let forwards: usize = (0..3)
+            .map(|i| {
+                rig.metrics(i)
+                    .lines()
+                    .filter(|l| l.starts_with("fairplace_replica_forwards_total{"))
+                    .count()
+            })
+            .sum();
+        assert!(forwards > 0);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let leaders: f64 = (0..3)
+            .map(|i| rig.gauge(i, "fairplace_replica_leader"))
+            .sum();
+        assert_eq!(leaders, 1.0, "one balancer leader");
+    });
+}
+
+/// What the orchestrator clients saw.
+#[derive(Default)]
+struct Tally {
+    calls: AtomicU64,
+    retried: AtomicU64,
+    failed: std::sync::Mutex<Vec<String>>,
+    granted: std::sync::Mutex<Vec<u64>>,
+    /// Leases granted and never released: must all be in etcd at the end.
+    held: std::sync::Mutex<HashSet<u64>>,
+}
+
+/// One call with one retry on UNAVAILABLE (after `wait`, at the next
+/// replica); a failure after the retry is recorded.
+async fn with_retry<T, F, Fut>(
+    rig: &Rig,
+    live: &[usize],
+    start: usize,
+    tally: &Tally,
+    what: &str,
+    wait: Duration,
+    mut call: F,
+) -> Option<T>
+where
+    F: FnMut(PlacementServiceClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    tally.calls.fetch_add(1, Ordering::Relaxed);
+    let first = live[start % live.len()];
+    match call(rig.placement(first)).await {
+        Ok(r) => return Some(r.into_inner()),
+        Err(e) if e.code() == tonic::Code::Unavailable => {
+            tally.retried.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => {
+            tally.failed.lock().unwrap().push(format!("{what}: {e}"));
+            return None;
+        }
+    }
+    tokio::time::sleep(wait).await;
+    let second = live[(start + 1) % live.len()];
+    match call(rig.placement(second)).await {
+        Ok(r) => Some(r.into_inner()),
+        Err(e) => {
+            tally
+                .failed
+                .lock()
+                .unwrap()
+                .push(format!("{what} (retried): {e}"));
+            None
+        }
+    }
+}
+
+/// One orchestrator: PickCpu, then AllocateCpus / RenewLease / ReleaseCpus
+/// on random nodes, until `stop`.
+async fn orchestrator(
+    rig: Arc<Rig>,
+    live: Arc<std::sync::Mutex<Vec<usize>>>,
+    who: usize,
+    nodes: u32,
+    tally: Arc<Tally>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut x = who as u64 * 7919 + 17;
+    // The retry waits out the dead replica's etcd lease and its agents'
+    // reconnection.
+    let wait = Duration::from_secs(4);
+    while !stop.load(Ordering::Relaxed) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let k = (x % nodes as u64) as u32;
+        let n = node("load", k);
+        let at = live.lock().unwrap().clone();
+        let start = (x >> 20) as usize;
+        let pick = n.clone();
+        with_retry(&rig, &at, start, &tally, "PickCpu", wait, |mut c| {
+            let req = pb::PickCpuRequest {
+                node_id: pick.clone(),
+                kind: pb::RequestKind::Wakeup as i32,
+                ..Default::default()
+            };
+            async move { c.pick_cpu(req).await }
+        })
+        .await;
+        if x % 4 != 0 {
+            continue;
+        }
+        let alloc = n.clone();
+        let granted = with_retry(
+            &rig,
+            &at,
+            start + 1,
+            &tally,
+            "AllocateCpus",
+            wait,
+            |mut c| {
+                let req = pb::AllocateCpusRequest {
+                    node_id: alloc.clone(),
+                    count: 1,
+                    holder: format!("o{who}"),
+                    ttl_ms: 120_000,
+                    ..Default::default()
+                };
+                async move {
+                    match c.allocate_cpus(req).await {
+                        // No room on a node is an answer, not a failure.
+                        Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                            Ok(tonic::Response::new(pb::AllocateCpusResponse::default()))
+                        }
+                        r => r,
+                    }
+                }
+            },
+        )
+        .await;
+        let Some(g) = granted.filter(|g| g.lease_id != 0) else {
+            continue;
+        };
+        tally.granted.lock().unwrap().push(g.lease_id);
+        let id = g.lease_id;
+        with_retry(
+            &rig,
+            &at,
+            start + 2,
+            &tally,
+            "RenewLease",
+            wait,
+            |mut c| async move {
+                c.renew_lease(pb::RenewLeaseRequest {
+                    lease_id: id,
+                    ttl_ms: 120_000,
+                })
+                .await
+            },
+        )
+        .await;
+        if x % 3 == 0 {
+            tally.held.lock().unwrap().insert(id);
+            continue;
+        }
+        let released = with_retry(
+            &rig,
+            &at,
+            start + 3,
+            &tally,
+            "ReleaseCpus",
+            wait,
+            |mut c| async move {
+                c.release_cpus(pb::ReleaseCpusRequest { lease_id: id })
+                    .await
+            },
+        )
+        .await;
+        if released.is_none() {
+            tally.held.lock().unwrap().insert(id);
+        }
+    }
+}
+
+#[test]
+fn a_replica_killed_under_load_loses_no_call_no_lease_and_grants_nothing_twice() {
+    let Some(bin) = etcd_or_skip("a_replica_killed_under_load") else {
+        return;
+    };
+    rt().block_on(async {
+        const NODES: u32 = 200;
+        let mut rig = Rig::start(&bin, 3).await;
+        rig.simulate("load", NODES, 8);
+        rig.wait_fresh(0, NODES as usize, Duration::from_secs(30))
+            .await;
+        let rig = Arc::new(rig);
+        let live = Arc::new(std::sync::Mutex::new(vec![0usize, 1, 2]));
+        let tally = Arc::new(Tally::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut clients = Vec::new();
+        for who in 0..16 {
+            clients.push(tokio::spawn(orchestrator(
+                Arc::clone(&rig),
+                Arc::clone(&live),
+                who,
+                NODES,
+                Arc::clone(&tally),
+                Arc::clone(&stop),
+            )));
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // kill -9 r1 under load.
+        let before = rig.owners().await;
+        let r1_nodes = before.values().filter(|o| *o == "r1").count();
+        assert!(r1_nodes > 0);
+        let pid = rig.replicas[1].as_ref().unwrap().pid();
+        *live.lock().unwrap() = vec![0, 2];
+        let killed = Instant::now();
+        send_signal(pid, 9);
+        let fresh_in = rig
+            .wait_fresh(0, NODES as usize, Duration::from_secs(20))
+            .await;
+        eprintln!(
+            "r1 (owner of {r1_nodes} nodes) killed: all {NODES} nodes fresh again after {:.2} s",
+            killed.elapsed().as_secs_f64()
+        );
+        let _ = fresh_in;
+        let moved = killed.elapsed();
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        stop.store(true, Ordering::Relaxed);
+        for c in clients {
+            c.await.unwrap();
+        }
+        let failed = tally.failed.lock().unwrap().clone();
+        eprintln!(
+            "{} calls, {} retried, {} failed after their retry",
+            tally.calls.load(Ordering::Relaxed),
+            tally.retried.load(Ordering::Relaxed),
+            failed.len()
+        );
+        assert!(
+            failed.is_empty(),
+            "calls failed after their retry: {failed:?}"
+        );
+        assert!(
+            moved < Duration::from_secs(5) + Duration::from_millis(500),
+            "nodes fresh again only after {moved:?}"
+        );
+        // Every node owned by a live replica; none by r1.
+        let after = rig.owners().await;
+        assert_eq!(after.len(), NODES as usize);
+        assert!(after.values().all(|o| o != "r1"), "{after:?}");
+        // No lease lost, no CPU twice, no id twice.
+        let leases = rig.leases().await;
+        assert_no_cpu_twice(&leases);
+        let in_etcd: HashSet<u64> = leases.iter().map(|l| l["id"].as_u64().unwrap()).collect();
+        let held = tally.held.lock().unwrap().clone();
+        let lost: Vec<&u64> = held.difference(&in_etcd).collect();
+        assert!(lost.is_empty(), "leases lost: {lost:?}");
+        let granted = tally.granted.lock().unwrap().clone();
+        let unique: HashSet<&u64> = granted.iter().collect();
+        assert_eq!(unique.len(), granted.len(), "a lease id repeated");
+        assert!(granted.len() > 50, "only {} grants", granted.len());
+        // r1 comes back: ownership moves back to it.
+        let mut rig = Arc::try_unwrap(rig).ok().expect("clients done");
+        rig.replicas[1] = Some(rig.spawn_replica(1));
+        let t0 = Instant::now();
+        loop {
+            let owners = rig.owners().await;
+            let back = owners.values().filter(|o| *o == "r1").count();
+            if back * 4 >= r1_nodes * 3 && owners.len() == NODES as usize {
+                eprintln!("r1 back: owns {back} nodes again after {:?}", t0.elapsed());
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "r1 owns {back} of its {r1_nodes} again"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        rig.wait_fresh(1, NODES as usize, Duration::from_secs(10))
+            .await;
+        assert_no_cpu_twice(&rig.leases().await);
+    });
+}
+
+#[test]
+fn losing_etcd_members_one_is_invisible_two_refuse_grants_but_not_placements() {
+    let Some(bin) = etcd_or_skip("losing_etcd_members") else {
+        return;
+    };
+    rt().block_on(async {
+        let mut rig = Rig::start(&bin, 2).await;
+        rig.simulate("quorum", 20, 8);
+        rig.wait_fresh(0, 20, Duration::from_secs(20)).await;
+        let clients = [rig.placement(0), rig.placement(1)];
+        let alloc = |i: usize, n: u32| {
+            let mut p = clients[i].clone();
+            async move {
+                p.allocate_cpus(pb::AllocateCpusRequest {
+                    node_id: node("quorum", n),
+                    count: 1,
+                    ttl_ms: 60_000,
+                    ..Default::default()
+                })
+                .await
+            }
+        };
+        // One member down: grants and placements as before.
+        rig.etcd.kill(2);
+        for n in 0..6 {
+            alloc((n % 2) as usize, n)
+                .await
+                .unwrap_or_else(|e| panic!("grant with one etcd member down: {e}"));
+        }
+        // Two down: no quorum. Grants are refused UNAVAILABLE; PickCpu is
+        // answered from live state, at the owner and through the other.
+        rig.etcd.kill(1);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for n in 6..10 {
+            let e = alloc((n % 2) as usize, n).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+        }
+        for n in 0..20 {
+            rig.placement((n % 2) as usize)
+                .pick_cpu(pb::PickCpuRequest {
+                    node_id: node("quorum", n),
+                    kind: pb::RequestKind::Wakeup as i32,
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("PickCpu without an etcd quorum: {e}"));
+        }
+        assert_eq!(rig.gauge(0, "fairplace_replica_etcd_up"), 0.0);
+        // Quorum back: grants again, and nothing granted twice.
+        rig.etcd.restart(1);
+        rig.etcd.wait_healthy(Duration::from_secs(20)).await;
+        let t0 = Instant::now();
+        loop {
+            match alloc(0, 12).await {
+                Ok(_) => break,
+                Err(e) => assert!(
+                    t0.elapsed() < Duration::from_secs(15),
+                    "grants not back after the quorum: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert_no_cpu_twice(&rig.leases().await);
+    });
+}
+
+#[test]
+fn a_replica_frozen_past_its_etcd_lease_stops_granting_and_rejoins() {
+    let Some(bin) = etcd_or_skip("a_replica_frozen_past_its_etcd_lease") else {
+        return;
+    };
+    rt().block_on(async {
+        let mut rig = Rig::start(&bin, 2).await;
+        rig.simulate("frozen", 20, 4);
+        rig.wait_fresh(0, 20, Duration::from_secs(20)).await;
+        let owners = rig.owners().await;
+        let (n, _) = owners
+            .iter()
+            .find(|(_, o)| *o == "r1")
+            .expect("r1 owns a node");
+        let n = n.clone();
+        // SIGSTOP r1 past its lease: r0 takes its nodes over (their agents
+        // reconnect to r0) and grants on them.
+        let pid = rig.replicas[1].as_ref().unwrap().pid();
+        send_signal(pid, 19);
+        rig.wait_fresh(0, 20, Duration::from_secs(15)).await;
+        let mut p0 = rig.placement(0);
+        let l = p0
+            .allocate_cpus(pb::AllocateCpusRequest {
+                node_id: n.clone(),
+                count: 4,
+                ttl_ms: 60_000,
+                ..Default::default()
+            })
+            .await
+            .expect("r0 grants on the node it took over")
+            .into_inner();
+        assert_eq!(l.cpus, "0-3");
+        // r1 wakes up believing nothing happened: it may not grant on the
+        // node it lost (it is fenced), and it rejoins.
+        send_signal(pid, 18);
+        let e = rig
+            .placement(1)
+            .allocate_cpus(pb::AllocateCpusRequest {
+                node_id: n.clone(),
+                count: 1,
+                ttl_ms: 60_000,
+                ..Default::default()
+            })
+            .await;
+        match e {
+            // Forwarded to r0, where every CPU is leased.
+            Err(e) => assert!(
+                matches!(
+                    e.code(),
+                    tonic::Code::Unavailable | tonic::Code::ResourceExhausted
+                ),
+                "{e}"
+            ),
+            Ok(r) => panic!("a fenced replica granted {:?}", r.into_inner()),
+        }
+        let t0 = Instant::now();
+        while rig.gauge(1, "fairplace_replica_members") < 2.0
+            || rig.gauge(1, "fairplace_replica_etcd_up") < 1.0
+        {
+            assert!(t0.elapsed() < Duration::from_secs(15), "r1 did not rejoin");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        rig.wait_fresh(1, 20, Duration::from_secs(15)).await;
+        assert_no_cpu_twice(&rig.leases().await);
+    });
+}
