@@ -624,8 +624,12 @@ pub async fn stream<S: Source>(
                     continue;
                 }
                 tracing::warn!(node = %cfg.node_id, server = %server, error = %e, "stream failed; reconnecting");
+                // An owner a replica named that does not answer has just
+                // died: the replicas name the next one within their etcd
+                // lease, so ask again soon rather than back off.
+                let soon = e.retry_soon || to.following();
                 to.fall_back();
-                if e.retry_soon {
+                if soon {
                     backoff = floor;
                 }
             }
@@ -685,6 +689,11 @@ impl Servers {
         self.redirect
             .as_deref()
             .unwrap_or(&self.configured[self.next % self.configured.len()])
+    }
+
+    /// The last connection went where a replica sent it.
+    fn following(&self) -> bool {
+        self.redirect.is_some()
     }
 
     fn may_follow(&self) -> bool {

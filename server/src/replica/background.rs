@@ -13,6 +13,9 @@ use super::{ClaimError, Member, Redirect, Replica, observe_etcd};
 use crate::metrics as m;
 use crate::store::Store;
 
+/// How often held nodes are checked against the hash and their agents.
+const TIDY_EVERY: Duration = Duration::from_secs(2);
+
 /// What the loops act on outside the replica: the store whose nodes are
 /// let go when they are handed over.
 #[derive(Clone)]
@@ -25,9 +28,10 @@ impl Replica {
     pub fn spawn(self: &Arc<Self>, hooks: Hooks) -> Vec<tokio::task::JoinHandle<()>> {
         vec![
             tokio::spawn(Arc::clone(self).keep_alive(hooks.clone())),
-            tokio::spawn(Arc::clone(self).follow_members(hooks)),
+            tokio::spawn(Arc::clone(self).follow_members(hooks.clone())),
             tokio::spawn(Arc::clone(self).follow_owners()),
             tokio::spawn(Arc::clone(self).campaign()),
+            tokio::spawn(Arc::clone(self).tidy(hooks)),
         ]
     }
 
@@ -192,6 +196,35 @@ impl Replica {
         }
     }
 
+    /// Every [`TIDY_EVERY`]: the held nodes are checked against the hash
+    /// again (a claim that raced a member change is handed on), and a node
+    /// held for longer than that with neither a registration nor a stream
+    /// here (its agent went elsewhere or away) is let go, so no owner key
+    /// outlives what it stands for.
+    async fn tidy(self: Arc<Self>, hooks: Hooks) {
+        loop {
+            tokio::time::sleep(TIDY_EVERY).await;
+            if self.live_lease().is_none() {
+                continue;
+            }
+            self.rebalance(&hooks).await;
+            let idle: Vec<String> = self
+                .owned
+                .iter()
+                .filter(|e| {
+                    e.value().1.elapsed() > TIDY_EVERY
+                        && !self.streams.contains_key(e.key())
+                        && hooks.store.get(e.key()).is_none()
+                })
+                .map(|e| e.key().clone())
+                .collect();
+            for node in idle {
+                tracing::info!(node, "held without a registration: let go");
+                self.release(&node).await;
+            }
+        }
+    }
+
     /// The owner keys: read whole (in pages), then watched.
     async fn follow_owners(self: Arc<Self>) {
         loop {
@@ -223,9 +256,11 @@ impl Replica {
             return;
         };
         if ev.r#type == pb::event::EventType::Delete as i32 {
+            tracing::debug!(replica = %self.id, node, rev = kv.mod_revision, "owner key deleted");
             self.owners.remove(&node);
             self.orphaned.insert(node, Instant::now());
         } else {
+            tracing::debug!(replica = %self.id, node, rev = kv.mod_revision, owner = %String::from_utf8_lossy(&kv.value), "owner key written");
             self.orphaned.remove(&node);
             self.owners
                 .insert(node, String::from_utf8_lossy(&kv.value).into_owned());
@@ -240,13 +275,27 @@ impl Replica {
         let prefix = self.keys.owners();
         let (kvs, rev) = self.etcd.range_prefix(&prefix).await?;
         observe_etcd("read", t0);
-        self.owners.clear();
+        tracing::debug!(replica = %self.id, rev, owners = kvs.len(), "owner keys read");
+        // Refreshed in place, never cleared first: a call routed while the
+        // map is re-read must not find it empty.
+        let mut seen = std::collections::HashSet::with_capacity(kvs.len());
         for kv in kvs {
             if let Some(node) = self.keys.name_in(&prefix, &kv.key) {
-                self.owners
-                    .insert(node, String::from_utf8_lossy(&kv.value).into_owned());
+                self.owners.insert(
+                    node.clone(),
+                    String::from_utf8_lossy(&kv.value).into_owned(),
+                );
+                seen.insert(node);
             }
         }
+        self.owners.retain(|node, _| {
+            let kept = seen.contains(node);
+            if !kept {
+                // Deleted while no watch was open: its owner left.
+                self.orphaned.insert(node.clone(), Instant::now());
+            }
+            kept
+        });
         Ok(rev)
     }
 

@@ -175,22 +175,28 @@ impl Etcd {
     }
 
     /// A transaction: `compare` all hold, then `success`, else `failure`.
-    /// Not retried: a transport error leaves its outcome unknown.
+    /// Retried once only when the connection could not be made (the
+    /// request never left); any other transport error leaves its outcome
+    /// unknown, and the caller decides.
     pub async fn txn(
         &self,
         compare: Vec<pb::Compare>,
         success: Vec<pb::RequestOp>,
         failure: Vec<pb::RequestOp>,
     ) -> Result<pb::TxnResponse, EtcdError> {
-        let r = self
-            .kv()
-            .txn(pb::TxnRequest {
-                compare,
-                success,
-                failure,
-            })
-            .await?;
-        Ok(r.into_inner())
+        let req = pb::TxnRequest {
+            compare,
+            success,
+            failure,
+        };
+        match self.kv().txn(req.clone()).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) if never_sent(&s) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(self.kv().txn(req).await?.into_inner())
+            }
+            Err(s) => Err(s.into()),
+        }
     }
 
     /// A new etcd lease of `ttl` seconds; its id.
@@ -294,12 +300,19 @@ where
 {
     match call().await {
         Ok(r) => Ok(r.into_inner()),
+        // Reads are safe to repeat whatever happened to the first.
         Err(s) if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::Unknown => {
             tokio::time::sleep(Duration::from_millis(50)).await;
             Ok(call().await?.into_inner())
         }
         Err(s) => Err(s.into()),
     }
+}
+
+/// The call failed before its request was sent: no connection could be
+/// made to the member the balancer chose (a member just killed).
+fn never_sent(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::Unavailable && s.message().contains("connect error")
 }
 
 fn tls_config(s: &EtcdSettings) -> Result<Option<ClientTlsConfig>, EtcdError> {

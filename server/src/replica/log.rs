@@ -25,6 +25,8 @@ use crate::store::durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError, St
 
 /// Writes in one transaction at most.
 pub const MAX_TXN_OPS: usize = 120;
+/// The longest a commit waits for etcd.
+pub const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1000);
 /// Batches taken into one round at most.
 const MAX_BATCHES: usize = 4096;
 
@@ -235,10 +237,16 @@ async fn write(
             None => etcd::delete(k),
         })
         .collect();
-    let r = replica
-        .etcd
-        .txn(compare, ops, Vec::new())
+    // Bounded well inside a call's deadline: without a quorum the grant is
+    // refused UNAVAILABLE, not left to the caller's timeout.
+    let r = tokio::time::timeout(COMMIT_TIMEOUT, replica.etcd.txn(compare, ops, Vec::new()))
         .await
+        .map_err(|_| {
+            LogError(format!(
+                "etcd did not commit within {} ms (no quorum?)",
+                COMMIT_TIMEOUT.as_millis()
+            ))
+        })?
         .map_err(|e| LogError(e.to_string()))?;
     if !r.succeeded {
         return Err(LogError(format!(

@@ -93,8 +93,9 @@ pub struct Replica {
     members: ArcSwap<Vec<Member>>,
     /// node -> its owner's id, as watched in etcd.
     owners: DashMap<String, String>,
-    /// Nodes whose owner key this replica wrote -> the lease it is bound to.
-    owned: DashMap<String, i64>,
+    /// Nodes whose owner key this replica wrote -> the lease it is bound
+    /// to, and when it was claimed.
+    owned: DashMap<String, (i64, Instant)>,
     /// Nodes whose owner key ended (owner gone, node handed over) and that
     /// no replica has claimed since -> when: a call for one is "retry"
     /// (UNAVAILABLE), not "no such node".
@@ -252,7 +253,7 @@ impl Replica {
     /// if this replica holds it and is alive.
     pub fn fence(&self, node: &str) -> Option<i64> {
         let live = self.live_lease()?;
-        let l = *self.owned.get(node)?;
+        let l = self.owned.get(node)?.0;
         (l == live).then_some(l)
     }
 
@@ -285,9 +286,19 @@ impl Replica {
             .map_err(|e| ClaimError::Unavailable(e.to_string()))?;
         observe_etcd("claim", t0);
         if r.succeeded {
-            self.owned.insert(node.to_string(), lease);
+            self.owned.insert(node.to_string(), (lease, Instant::now()));
             self.owners.insert(node.to_string(), self.id.clone());
             metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);
+            // The member set may have changed while the claim was in
+            // flight, after the hand-over pass looked at the held nodes:
+            // looked at again now that the node is held, it is handed on
+            // at once rather than kept against the hash.
+            if let Some(o) = self.hrw_owner(node)
+                && o.id != self.id
+            {
+                self.release(node).await;
+                return Err(ClaimError::Elsewhere(o));
+            }
             return Ok(());
         }
         let holder = r.responses.into_iter().find_map(|op| match op.response {
@@ -298,7 +309,9 @@ impl Replica {
         });
         match holder {
             Some(kv) if kv.lease == lease && kv.value == self.id.as_bytes() => {
-                self.owned.insert(node.to_string(), lease);
+                self.owned
+                    .entry(node.to_string())
+                    .or_insert((lease, Instant::now()));
                 Ok(())
             }
             // Rendezvous hashing gives the node to this replica: the holder
@@ -316,7 +329,7 @@ impl Replica {
     /// Gives up `node`: its owner key is deleted if it is still this
     /// replica's (bound to the lease it was written under).
     pub async fn release(&self, node: &str) {
-        let Some((_, lease)) = self.owned.remove(node) else {
+        let Some((_, (lease, _))) = self.owned.remove(node) else {
             return;
         };
         metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);

@@ -268,11 +268,17 @@ impl ReportStream {
             return None;
         }
         let store = Arc::clone(&self.store);
-        match self
+        let node_id = reg.node_id.clone();
+        let registered = self
             .heavy
             .run("register", move || register(&store, reg))
-            .await
-        {
+            .await;
+        if let (false, Some(rep)) = (matches!(registered, Ok(Ok(_))), &self.replicated) {
+            // Claimed but not registered: nothing may dangle in etcd.
+            self.store.let_go(&node_id);
+            rep.replica.release(&node_id).await;
+        }
+        match registered {
             Ok(Ok((node, generation))) => Some((node, generation, held)),
             Ok(Err(e)) => {
                 rejected(e.reason());

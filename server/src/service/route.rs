@@ -57,13 +57,19 @@ impl Replicated {
         if node.is_empty() || store.get(node).is_some() {
             return Ok(Route::Here);
         }
+        let moving = |why: &str| {
+            Err(Status::unavailable(format!(
+                "node_id: node {} is moving between replicas ({why}, as replica {} sees it); retry",
+                crate::quote::quote(node),
+                self.replica.id
+            )))
+        };
         match self.replica.owner_of(node) {
             Some(m) if m.id != self.replica.id && !forwarded(ext) => Ok(Route::Peer(m)),
-            Some(_) => Ok(Route::Here),
-            None if self.replica.moving(node) => Err(Status::unavailable(format!(
-                "node_id: node {} is moving between replicas (its owner left); retry",
-                crate::quote::quote(node)
-            ))),
+            // Claimed and not registered yet, or owned elsewhere and
+            // forwarded here by a replica whose view was older.
+            Some(_) => moving("its owner has not registered it yet"),
+            None if self.replica.moving(node) => moving("its owner left"),
             None => Ok(Route::Here),
         }
     }
@@ -176,7 +182,22 @@ where
     Fut: Future<Output = Result<tonic::Response<R>, Status>>,
 {
     let req = crate::replica::forward::Peers::request(msg, &caller.owner())?;
-    let out = call(req).await;
+    let out = call(req).await.map_err(peer_failure);
     crate::replica::forward::count(method, &out);
     out
+}
+
+/// A peer's answer as the caller gets it: a connection that failed or
+/// broke (the peer died under the call) is UNAVAILABLE, which a client
+/// retries, not the transport's UNKNOWN.
+fn peer_failure(s: Status) -> Status {
+    let transport = s.code() == tonic::Code::Unknown && s.message().contains("transport error");
+    if transport || s.code() == tonic::Code::Cancelled {
+        Status::unavailable(format!(
+            "the node's owner did not answer ({}); retry",
+            s.message()
+        ))
+    } else {
+        s
+    }
 }
