@@ -1,10 +1,11 @@
 use prost::Message;
 
-const PROTOS: [&str; 4] = [
+const PROTOS: [&str; 5] = [
     "fairplace/v1/types.proto",
     "fairplace/v1/agent.proto",
     "fairplace/v1/placement.proto",
     "fairplace/v1/admin.proto",
+    "fairplace/v1/replica.proto",
 ];
 
 /// The subset of etcd's v3 API the replicas speak (`fairplace::replica`).

@@ -364,7 +364,7 @@ pub const ALL: [(&str, &str, &str); 61] = [
     (
         REPLICA_REFUSALS,
         "counter",
-        "Cluster placements chosen from another replica's published aggregates that the owner refused on its live state, by method.",
+        "Cluster placements chosen from another replica's published aggregates that the node's owner refused on its live state (another node is then chosen, twice at most), by method.",
     ),
     (
         REPLICA_ETCD_SECONDS,
@@ -375,13 +375,13 @@ pub const ALL: [(&str, &str, &str); 61] = [
 
 /// The metrics only a replica (`--etcd-endpoints`) exports.
 pub const REPLICA_ONLY: [&str; 8] = [
+    REPLICA_REFUSALS,
     REPLICA_MEMBERS,
     REPLICA_OWNED_NODES,
     REPLICA_LEADER,
     REPLICA_ETCD_UP,
     REPLICA_HANDOFFS,
     REPLICA_FORWARDS,
-    REPLICA_REFUSALS,
     REPLICA_ETCD_SECONDS,
 ];
 

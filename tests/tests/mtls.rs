@@ -255,6 +255,9 @@ fn expected(role: &str, method: &str) -> bool {
             true
         }
         "node" => method == "/fairplace.v1.AgentService/Report",
+        // Replicas call each other's ReplicaService; what they forward is
+        // authorized as the caller they name (tests/replicas.rs).
+        "replica" => service == "/fairplace.v1.ReplicaService",
         "orchestrator" => matches!(
             method,
             "/fairplace.v1.PlacementService/PickCpu"
@@ -313,10 +316,10 @@ fn every_rpc_for_every_role() {
     let pki = TestPki::new();
     let server = mtls_server(&pki, &[]);
     let methods = all_methods();
-    assert_eq!(methods.len(), 18, "{methods:?}");
+    assert_eq!(methods.len(), 19, "{methods:?}");
     let mut table: BTreeMap<(String, &str), Code> = BTreeMap::new();
     rt().block_on(async {
-        for role in ["node", "orchestrator", "admin"] {
+        for role in ["node", "orchestrator", "admin", "replica"] {
             let tls = pki.client(role, "n0");
             let ch = channel(&server.grpc, &tls).await.unwrap();
             for (m, kind) in &methods {

@@ -228,6 +228,41 @@ fn three_replicas_share_the_nodes_and_answer_for_each_other() {
                 assert_eq!(r.node_id, node("share", k));
             }
         }
+        // With no node, each replica chooses among every replica's nodes
+        // (their owners publish their aggregates) and the owner places.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for i in 0..3 {
+            let me = format!("r{i}");
+            let mut elsewhere = 0;
+            for _ in 0..30 {
+                let r = rig
+                    .placement(i)
+                    .pick_cpu(pb::PickCpuRequest {
+                        kind: pb::RequestKind::Fork as i32,
+                        claim: true,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("r{i} PickCpu with no node: {e}"))
+                    .into_inner();
+                let owner = owners.get(&r.node_id).expect("a known node");
+                if *owner != me {
+                    elsewhere += 1;
+                }
+            }
+            assert!(elsewhere > 0, "{me} chose only its own nodes");
+            let a = rig
+                .placement(i)
+                .allocate_cpus(pb::AllocateCpusRequest {
+                    count: 1,
+                    ttl_ms: 60_000,
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("r{i} AllocateCpus with no node: {e}"))
+                .into_inner();
+            assert!(owners.contains_key(&a.node_id));
+        }
         // A lease taken at one replica for a node another owns, seen at
         // a third, renewed and released at others.
         let (n, owner) = owners.iter().find(|(_, o)| *o == "r2").unwrap();
@@ -355,8 +390,6 @@ where
     let second = at[start % at.len()];
     match call(rig.placement(second)).await {
         Ok(r) => Some(r.into_inner()),
-        // A release whose first try was cut off may have happened.
-        Err(e) if what == "ReleaseCpus" && e.code() == tonic::Code::NotFound => None,
         Err(e) => {
             tally
                 .failed
@@ -456,6 +489,7 @@ async fn orchestrator(
             tally.held.lock().unwrap().insert(id);
             continue;
         }
+        let tried = AtomicBool::new(false);
         let released = with_retry(
             &rig,
             &at,
@@ -463,9 +497,21 @@ async fn orchestrator(
             &tally,
             "ReleaseCpus",
             wait,
-            |mut c| async move {
-                c.release_cpus(pb::ReleaseCpusRequest { lease_id: id })
-                    .await
+            |mut c| {
+                // A retried release that finds no lease: the first try,
+                // cut off, released it.
+                let retry = tried.swap(true, Ordering::Relaxed);
+                async move {
+                    match c
+                        .release_cpus(pb::ReleaseCpusRequest { lease_id: id })
+                        .await
+                    {
+                        Err(e) if retry && e.code() == tonic::Code::NotFound => {
+                            Ok(tonic::Response::new(pb::ReleaseCpusResponse::default()))
+                        }
+                        r => r,
+                    }
+                }
             },
         )
         .await;

@@ -26,6 +26,17 @@ pub struct Hooks {
 impl Replica {
     /// Starts the loops; they run until the returned handles are aborted.
     pub fn spawn(self: &Arc<Self>, hooks: Hooks) -> Vec<tokio::task::JoinHandle<()>> {
+        // The series exist from the start (the recorder is installed by
+        // now; it was not when the replica joined).
+        let up = if self.live_lease().is_some() {
+            1.0
+        } else {
+            0.0
+        };
+        metrics::gauge!(m::REPLICA_ETCD_UP).set(up);
+        metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);
+        metrics::gauge!(m::REPLICA_LEADER).set(0.0);
+        metrics::gauge!(m::REPLICA_MEMBERS).set(self.members().len() as f64);
         vec![
             tokio::spawn(Arc::clone(self).keep_alive(hooks.clone())),
             tokio::spawn(Arc::clone(self).follow_members(hooks.clone())),

@@ -19,6 +19,7 @@
 //! Node state itself is soft (agents send it again), so it never goes
 //! through etcd: only membership, ownership, leases and the leader do.
 
+pub mod aggregates;
 pub mod etcd;
 pub mod forward;
 pub mod hrw;
@@ -154,9 +155,6 @@ impl Replica {
         }
         r.read_members().await?;
         r.read_owners().await?;
-        metrics::gauge!(m::REPLICA_ETCD_UP).set(1.0);
-        metrics::gauge!(m::REPLICA_OWNED_NODES).set(0.0);
-        metrics::gauge!(m::REPLICA_LEADER).set(0.0);
         Ok(r)
     }
 
@@ -224,6 +222,11 @@ impl Replica {
         let ms = self.members();
         let id = hrw::owner(ms.iter().map(|m| m.id.as_str()), node)?.to_string();
         ms.iter().find(|m| m.id == id).cloned()
+    }
+
+    /// The replica id `node`'s owner key names, as watched.
+    pub fn owner_id(&self, node: &str) -> Option<String> {
+        self.owners.get(node).map(|o| o.clone())
     }
 
     /// The replica whose owner key `node` has, if it is a live member.

@@ -256,6 +256,17 @@ fn choose_node(p: &Leasing<'_>, r: &pb::AllocateCpusRequest) -> Result<Arc<Node>
     if !r.node_id.is_empty() {
         return super::registered_node(p.store, &r.node_id);
     }
+    let choice = choose_on_cluster(p.store, r, &[])?;
+    super::registered_node(p.store, &choice)
+}
+
+/// The cluster slow path's node for an allocation with none named (not
+/// one of `excluded`): local, or with replicas another replica's.
+pub fn choose_on_cluster(
+    store: &Store,
+    r: &pb::AllocateCpusRequest,
+    excluded: &[String],
+) -> Result<String, Status> {
     let allowed = match r.task.as_ref().map_or("", |t| t.cpus_allowed.as_str()) {
         "" => CpuMask::first_n(MAX_CPUS),
         s => CpuMask::parse_cpulist(s, MAX_CPUS).map_err(|e| invalid("task.cpus_allowed", e))?,
@@ -268,10 +279,12 @@ fn choose_node(p: &Leasing<'_>, r: &pb::AllocateCpusRequest) -> Result<Arc<Node>
         origin: None,
         selector: Vec::new(),
     };
-    let choice = p.store.cluster_pick(&req, &allowed).ok_or_else(|| {
-        Status::failed_precondition("node_id: no fresh node can run the task; name a node")
-    })?;
-    super::registered_node(p.store, &choice.node)
+    let choice = store
+        .cluster_pick_excluding(&req, &allowed, excluded)
+        .ok_or_else(|| {
+            Status::failed_precondition("node_id: no fresh node can run the task; name a node")
+        })?;
+    Ok(choice.node)
 }
 
 /// The request's task on this node, and the check of `count` against its

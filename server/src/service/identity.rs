@@ -68,6 +68,7 @@ pub struct Rule {
 const NODE_ADMIN: &[Role] = &[Role::Node, Role::Admin];
 const ORCH_ADMIN: &[Role] = &[Role::Orchestrator, Role::Admin];
 const ADMIN: &[Role] = &[Role::Admin];
+const REPLICA_ADMIN: &[Role] = &[Role::Replica, Role::Admin];
 const EVERYONE: &[Role] = &Role::ALL;
 
 /// The role table. Report's node NAME and Balance's `apply` are checked by
@@ -128,6 +129,10 @@ pub const RULES: &[Rule] = &[
     Rule {
         path: "/fairplace.v1.AdminService/SetFeatures",
         roles: ADMIN,
+    },
+    Rule {
+        path: "/fairplace.v1.ReplicaService/",
+        roles: REPLICA_ADMIN,
     },
     Rule {
         path: "/grpc.health.v1.Health/",

@@ -11,6 +11,7 @@ pub mod identity;
 pub mod layers;
 pub mod lease_hub;
 pub mod listener;
+pub mod peers;
 pub mod placement;
 pub mod route;
 pub mod tls;
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use fairplace_proto::v1::admin_service_server::AdminServiceServer;
 use fairplace_proto::v1::agent_service_server::AgentServiceServer;
 use fairplace_proto::v1::placement_service_server::PlacementServiceServer;
+use fairplace_proto::v1::replica_service_server::ReplicaServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::Server;
@@ -243,10 +245,18 @@ pub async fn serve_replicated(
 
     let sweeper = tokio::spawn(housekeeping(Arc::clone(&store), cfg.ready.clone()));
     let lease_expiry = allocate::spawn_expiry(Arc::clone(&store), hub);
-    let replica_loops = replicated.as_ref().map_or_else(Vec::new, |r| {
+    let mut replica_loops = replicated.as_ref().map_or_else(Vec::new, |r| {
         r.replica.spawn(crate::replica::Hooks {
             store: Arc::clone(&store),
         })
+    });
+    // Replicas publish their nodes' aggregates to each other.
+    let peers = replicated.as_ref().map(|r| {
+        let publisher = crate::replica::aggregates::Publisher::start(Arc::clone(&store));
+        replica_loops.push(tokio::spawn(
+            Arc::clone(&r.replica).follow_aggregates(Arc::clone(&store)),
+        ));
+        ReplicaServiceServer::new(peers::Peers { publisher }).max_decoding_message_size(max)
     });
 
     // One set of stream caps for both ports: they are totals.
@@ -299,7 +309,8 @@ pub async fn serve_replicated(
         .add_service(reflection_v1alpha)
         .add_service(placement)
         .add_service(agent)
-        .add_service(admin);
+        .add_service(admin)
+        .add_optional_service(peers);
     let signal = async move {
         shutdown.await;
         tracing::info!(

@@ -124,6 +124,7 @@ impl Placement {
     /// the slow path down the cluster and then on the chosen node as a fork.
     async fn pick_on_cluster(
         &self,
+        caller: &Caller,
         mut r: pb::PickCpuRequest,
     ) -> Result<pb::PickCpuResponse, Status> {
         let allowed = match r
@@ -170,11 +171,31 @@ impl Placement {
             origin,
             selector,
         };
-        let choice = self.store.cluster_pick(&req, &allowed).ok_or_else(|| {
-            Status::failed_precondition("no fresh node matches the selector and can run the task")
-        })?;
-        metrics::counter!(m::CLUSTER_DECISIONS, "level" => choice.level.clone()).increment(1);
-        metrics::histogram!(m::CLUSTER_GROUPS_COMPARED).record(choice.compared as f64);
+        let mut excluded = Vec::new();
+        let choice = loop {
+            let choice = self
+                .store
+                .cluster_pick_excluding(&req, &allowed, &excluded)
+                .ok_or_else(|| {
+                    Status::failed_precondition(
+                        "no fresh node matches the selector and can run the task",
+                    )
+                })?;
+            metrics::counter!(m::CLUSTER_DECISIONS, "level" => choice.level.clone()).increment(1);
+            metrics::histogram!(m::CLUSTER_GROUPS_COMPARED).record(choice.compared as f64);
+            if self.store.get(&choice.node).is_some() {
+                break choice;
+            }
+            // Another replica's node: its owner places the task on its live
+            // state, and may refuse what its published figures promised.
+            match self.pick_remote(caller, &r, &allowed, &choice).await {
+                Err(s) if refused_by_owner(&s) && excluded.len() < REVALIDATE_RETRIES => {
+                    metrics::counter!(m::REPLICA_REFUSALS, "method" => "PickCpu").increment(1);
+                    excluded.push(choice.node);
+                }
+                out => return out,
+            }
+        };
         let node = super::registered_node(&self.store, &choice.node)?;
         // On the chosen node the task is placed like a fork, from this_cpu
         // on the origin node, else from its lowest allowed online CPU.
@@ -188,6 +209,103 @@ impl Placement {
         resp.groups_compared = choice.compared;
         Ok(resp)
     }
+}
+
+impl Placement {
+    /// The cluster's choice of another replica's node, placed there as a
+    /// fork (as a local choice is), through the node's owner.
+    async fn pick_remote(
+        &self,
+        caller: &Caller,
+        r: &pb::PickCpuRequest,
+        allowed: &CpuMask,
+        choice: &crate::store::cluster::ClusterChoice,
+    ) -> Result<pb::PickCpuResponse, Status> {
+        let (rep, owner) = self.remote_owner(&choice.node)?;
+        let online = self
+            .store
+            .remote_node(&choice.node)
+            .map(|n| n.online)
+            .unwrap_or_default();
+        let mut q = r.clone();
+        q.node_id = choice.node.clone();
+        if choice.node != r.origin_node {
+            q.this_cpu = allowed.first_and(&online).unwrap_or(0) as u32;
+        }
+        q.kind = pb::RequestKind::Fork as i32;
+        let mut c = rep.placement(&owner)?;
+        let mut resp = route::forward("PickCpu", caller, q, |q| async move { c.pick_cpu(q).await })
+            .await?
+            .into_inner();
+        resp.cluster_level = choice.level.clone();
+        resp.groups_compared = choice.compared;
+        Ok(resp)
+    }
+
+    /// AllocateCpus with no node, one replica of several: the cluster's
+    /// choice among every replica's nodes, allocated here or by its owner
+    /// (who may refuse on its live state: then another node, twice at most).
+    async fn allocate_on_cluster(
+        &self,
+        caller: &Caller,
+        r: pb::AllocateCpusRequest,
+    ) -> Result<pb::AllocateCpusResponse, Status> {
+        let mut excluded = Vec::new();
+        loop {
+            let node = super::allocate::choose_on_cluster(&self.store, &r, &excluded)?;
+            let mut q = r.clone();
+            q.node_id = node.clone();
+            if self.store.get(&node).is_some() {
+                return super::allocate::allocate_cpus(self.leasing(), caller, q).await;
+            }
+            let (rep, owner) = self.remote_owner(&node)?;
+            let mut c = rep.placement(&owner)?;
+            let out = route::forward("AllocateCpus", caller, q, |q| async move {
+                c.allocate_cpus(q).await
+            })
+            .await;
+            match out {
+                Err(s) if refused_by_owner(&s) && excluded.len() < REVALIDATE_RETRIES => {
+                    metrics::counter!(m::REPLICA_REFUSALS, "method" => "AllocateCpus").increment(1);
+                    excluded.push(node);
+                }
+                out => return out.map(Response::into_inner),
+            }
+        }
+    }
+
+    /// The replica set and the owner of another replica's node.
+    fn remote_owner(&self, node: &str) -> Result<(&Replicated, crate::replica::Member), Status> {
+        let rep = self.replicated.as_ref().ok_or_else(|| {
+            Status::internal(format!(
+                "node {} is not registered here",
+                convert::quote(node)
+            ))
+        })?;
+        let owner = rep.replica.owner_of(node).ok_or_else(|| {
+            Status::unavailable(format!(
+                "node {}: its owner is not known here now; retry",
+                convert::quote(node)
+            ))
+        })?;
+        Ok((rep, owner))
+    }
+}
+
+/// Placements chosen from another replica's figures that its owner may
+/// refuse, each time with another node, before the refusal is the answer.
+const REVALIDATE_RETRIES: usize = 2;
+
+/// The owner turned the node down on its live state (stale, gone, moving,
+/// or no longer able to take the task): another node may do.
+fn refused_by_owner(s: &Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::FailedPrecondition
+            | tonic::Code::NotFound
+            | tonic::Code::Unavailable
+            | tonic::Code::ResourceExhausted
+    )
 }
 
 #[tonic::async_trait]
@@ -210,9 +328,10 @@ impl PlacementService for Placement {
             let node = super::registered_node(&self.store, &r.node_id)?;
             self.pick_on(&node, &r).await?
         } else {
-            self.pick_on_cluster(r).await?
+            self.pick_on_cluster(&caller, r).await?
         };
-        if claim {
+        // A claim made through another replica is counted at its owner.
+        if claim && self.store.get(&resp.node_id).is_some() {
             count_claims(&caller, 1);
         }
         Ok(Response::new(resp))
@@ -367,6 +486,15 @@ impl PlacementService for Placement {
                 c.allocate_cpus(q).await
             })
             .await;
+        }
+        if req.get_ref().node_id.is_empty()
+            && self.replicated.is_some()
+            && !route::forwarded(req.extensions())
+        {
+            return self
+                .allocate_on_cluster(&caller, req.into_inner())
+                .await
+                .map(Response::new);
         }
         super::allocate::allocate_cpus(self.leasing(), &caller, req.into_inner())
             .await

@@ -59,9 +59,10 @@ impl Replicated {
         }
         let moving = |why: &str| {
             Err(Status::unavailable(format!(
-                "node_id: node {} is moving between replicas ({why}, as replica {} sees it); retry",
+                "node_id: node {} is moving between replicas ({why}, as replica {} sees it: owner key {:?}); retry",
                 crate::quote::quote(node),
-                self.replica.id
+                self.replica.id,
+                self.replica.owner_id(node)
             )))
         };
         match self.replica.owner_of(node) {

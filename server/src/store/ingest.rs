@@ -180,6 +180,8 @@ impl Store {
             }
             self.nodes.insert(id.to_string(), Arc::clone(&node));
         }
+        // Counted here from now on, not as another replica's.
+        self.remote_remove(id);
         // Leases kept while the node was away (forgotten, restarting, or
         // this server restarting) count again from its first snapshot.
         self.unpark_leases(&node);

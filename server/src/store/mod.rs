@@ -37,6 +37,7 @@ pub mod labels;
 mod lease_recovery;
 mod leases;
 mod lifecycle;
+pub mod remote;
 mod tasks;
 
 pub use balance::{BalanceOutcome, BalanceRequest};
@@ -388,6 +389,8 @@ pub struct Store {
     leases: leases::LeaseIndex,
     /// The durable copy of the leases.
     log: Arc<dyn LeaseLog>,
+    /// Other replicas' nodes, counted in `cluster` for cluster decisions.
+    remote: remote::RemoteNodes,
 }
 
 impl Store {
@@ -415,6 +418,7 @@ impl Store {
             empty_tasks: Mutex::new(HashMap::new()),
             leases: leases::LeaseIndex::default(),
             log,
+            remote: Default::default(),
         }
     }
 

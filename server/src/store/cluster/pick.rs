@@ -19,9 +19,28 @@ impl Store {
     /// Places a task with no node: the kernel's slow path over the cluster
     /// levels, with the incremental group sums.
     pub fn cluster_pick(&self, req: &ClusterRequest, allowed: &CpuMask) -> Option<ClusterChoice> {
+        self.cluster_pick_excluding(req, allowed, &[])
+    }
+
+    /// The same, with the nodes in `excluded` out of the choice (their
+    /// owners refused a placement chosen from their published figures).
+    /// Other replicas' nodes (`store::remote`) are candidates beside the
+    /// local ones.
+    pub fn cluster_pick_excluding(
+        &self,
+        req: &ClusterRequest,
+        allowed: &CpuMask,
+        excluded: &[String],
+    ) -> Option<ClusterChoice> {
         let now = Instant::now();
         self.cluster.pick(req, |id| {
-            let n = self.get(id)?;
+            if excluded.iter().any(|x| x == id) {
+                return None;
+            }
+            let Some(n) = self.get(id) else {
+                let r = self.remote_node(id)?;
+                return r.online.intersects(allowed).then_some(r.agg);
+            };
             let s = n.snapshot();
             (self.is_fresh(&s, now) && s.topo.online.intersects(allowed)).then_some(s.agg)
         })
