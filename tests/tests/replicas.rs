@@ -645,12 +645,22 @@ fn losing_etcd_members_one_is_invisible_two_refuse_grants_but_not_placements() {
                 .await
             }
         };
-        // One member down: grants and placements as before.
+        // One member down: grants and placements as before. (If it was
+        // etcd's leader, commits wait for the next one, about a second: as
+        // everywhere here, a call may be retried once on UNAVAILABLE.)
         rig.etcd.kill(2);
         for n in 0..6 {
-            alloc((n % 2) as usize, n)
-                .await
-                .unwrap_or_else(|e| panic!("grant with one etcd member down: {e}"));
+            let i = (n % 2) as usize;
+            match alloc(i, n).await {
+                Ok(_) => {}
+                Err(e) if e.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    alloc(i, n)
+                        .await
+                        .unwrap_or_else(|e| panic!("grant with one etcd member down, retried: {e}"));
+                }
+                Err(e) => panic!("grant with one etcd member down: {e}"),
+            }
         }
         // Two down: no quorum. Grants are refused UNAVAILABLE; PickCpu is
         // answered from live state, at the owner and through the other.

@@ -6,11 +6,13 @@
 //! time, which a fresh machine does not have; these stubs come from
 //! `proto/etcd` through protox like the rest of fairplace's API.
 //!
-//! Every unary call is bounded by a deadline and retried once on another
-//! member when the transport fails (a killed member is not an error the
-//! caller should see). A transaction is never retried blindly: its
-//! outcome is unknown, so the caller decides.
+//! Every call is bounded by a deadline and made again on the next member
+//! when the one it went to fails (a killed member is not an error the
+//! caller should see). A transaction is made again only when it surely did
+//! not apply: otherwise its outcome is unknown, and the caller decides.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fairplace_proto::etcd as pb;
@@ -59,10 +61,18 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// under etcd's message limit.
 const PAGE: i64 = 5_000;
 
-/// A client of the etcd cluster.
+/// A client of the etcd cluster: one lazily connected channel per member,
+/// and the member calls go to until it fails.
+///
+/// Why not one balanced channel: a balancer keeps sending calls to a member
+/// that was just killed (its connection fails only when used), so every
+/// call would have to be retried anyway; here a failure moves the client to
+/// the next member at once, and streams (watches, keep-alives) open on a
+/// member that answers.
 #[derive(Clone)]
 pub struct Etcd {
-    channel: Channel,
+    members: Arc<[Channel]>,
+    current: Arc<AtomicUsize>,
     pub prefix: String,
 }
 
@@ -79,15 +89,26 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// Whether a failed call may be made again on another member: `any` for a
+/// call that is safe to repeat whatever happened (reads, keep-alives), else
+/// only when the request surely did not apply (never sent, or refused by a
+/// member without a leader before it was proposed).
+fn may_fail_over(s: &tonic::Status, any: bool) -> bool {
+    let transport = matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown);
+    let not_applied = s.code() == tonic::Code::Unavailable
+        && (s.message().contains("connect error") || s.message().contains("no leader"));
+    (any && transport) || not_applied
+}
+
 impl Etcd {
-    /// A client balanced over `s.endpoints` (connections are made lazily,
+    /// A client of the members `s.endpoints` (connections are made lazily,
     /// and remade when a member comes back).
     pub fn connect(s: &EtcdSettings) -> Result<Etcd, EtcdError> {
         if s.endpoints.is_empty() {
             return Err(EtcdError("--etcd-endpoints: no endpoint given".into()));
         }
         let tls = tls_config(s)?;
-        let mut eps = Vec::with_capacity(s.endpoints.len());
+        let mut members = Vec::with_capacity(s.endpoints.len());
         for url in &s.endpoints {
             let mut e = Endpoint::from_shared(url.clone())
                 .map_err(|e| EtcdError(format!("--etcd-endpoints: {url}: {e}")))?
@@ -106,10 +127,11 @@ impl Etcd {
                     .tls_config(t)
                     .map_err(|e| EtcdError(format!("--etcd-tls-*: {e}")))?;
             }
-            eps.push(e);
+            members.push(e.connect_lazy());
         }
         Ok(Etcd {
-            channel: Channel::balance_list(eps.into_iter()),
+            members: members.into(),
+            current: Arc::new(AtomicUsize::new(0)),
             prefix: s.prefix.clone(),
         })
     }
@@ -119,8 +141,31 @@ impl Etcd {
         format!("{}{rest}", self.prefix).into_bytes()
     }
 
-    fn kv(&self) -> KvClient<Channel> {
-        KvClient::new(self.channel.clone())
+    /// Runs `call` on the current member, and on the next ones while it
+    /// fails in a way [`may_fail_over`] allows (`any`: the call is safe to
+    /// repeat); the member that answered becomes the current one.
+    async fn on_members<T, F, Fut>(&self, any: bool, mut call: F) -> Result<T, EtcdError>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let n = self.members.len();
+        let first = self.current.load(Ordering::Relaxed);
+        let mut last = None;
+        for k in 0..n {
+            let i = (first + k) % n;
+            match call(self.members[i].clone()).await {
+                Ok(v) => {
+                    if k > 0 {
+                        self.current.store(i, Ordering::Relaxed);
+                    }
+                    return Ok(v);
+                }
+                Err(s) if may_fail_over(&s, any) => last = Some(s),
+                Err(s) => return Err(s.into()),
+            }
+        }
+        Err(last.map_or_else(|| EtcdError("no member".into()), Into::into))
     }
 
     /// Every key under `prefix`, read in pages of `PAGE` keys at one
@@ -138,12 +183,12 @@ impl Etcd {
                 revision: rev,
                 ..Default::default()
             };
-            let r = retry_once(|| {
-                let req = req.clone();
-                let mut kv = self.kv();
-                async move { kv.range(req).await }
-            })
-            .await?;
+            let r = self
+                .on_members(true, |ch| {
+                    let req = req.clone();
+                    async move { KvClient::new(ch).range(req).await.map(|r| r.into_inner()) }
+                })
+                .await?;
             if rev == 0 {
                 rev = r.header.map_or(0, |h| h.revision);
             }
@@ -165,19 +210,18 @@ impl Etcd {
             key: key.to_vec(),
             ..Default::default()
         };
-        let r = retry_once(|| {
-            let req = req.clone();
-            let mut kv = self.kv();
-            async move { kv.range(req).await }
-        })
-        .await?;
+        let r = self
+            .on_members(true, |ch| {
+                let req = req.clone();
+                async move { KvClient::new(ch).range(req).await.map(|r| r.into_inner()) }
+            })
+            .await?;
         Ok(r.kvs.into_iter().next())
     }
 
     /// A transaction: `compare` all hold, then `success`, else `failure`.
-    /// Retried once only when the connection could not be made (the
-    /// request never left); any other transport error leaves its outcome
-    /// unknown, and the caller decides.
+    /// Made again on another member only when it surely did not apply; any
+    /// other failure leaves its outcome unknown, and the caller decides.
     pub async fn txn(
         &self,
         compare: Vec<pb::Compare>,
@@ -189,26 +233,24 @@ impl Etcd {
             success,
             failure,
         };
-        match self.kv().txn(req.clone()).await {
-            Ok(r) => Ok(r.into_inner()),
-            Err(s) if never_sent(&s) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                Ok(self.kv().txn(req).await?.into_inner())
-            }
-            Err(s) => Err(s.into()),
-        }
+        self.on_members(false, |ch| {
+            let req = req.clone();
+            async move { KvClient::new(ch).txn(req).await.map(|r| r.into_inner()) }
+        })
+        .await
     }
 
-    /// A new etcd lease of `ttl` seconds; its id.
+    /// A new etcd lease of `ttl` seconds; its id. (A grant repeated after a
+    /// lost answer only leaves an unused lease, which expires.)
     pub async fn grant(&self, ttl_s: i64) -> Result<i64, EtcdError> {
-        let r = retry_once(|| {
-            let mut l = LeaseClient::new(self.channel.clone());
-            async move {
-                l.lease_grant(pb::LeaseGrantRequest { ttl: ttl_s, id: 0 })
+        let r = self
+            .on_members(true, |ch| async move {
+                LeaseClient::new(ch)
+                    .lease_grant(pb::LeaseGrantRequest { ttl: ttl_s, id: 0 })
                     .await
-            }
-        })
-        .await?;
+                    .map(|r| r.into_inner())
+            })
+            .await?;
         if !r.error.is_empty() {
             return Err(EtcdError(format!("lease grant: {}", r.error)));
         }
@@ -217,33 +259,37 @@ impl Etcd {
 
     /// Ends an etcd lease now (its keys go with it).
     pub async fn revoke(&self, id: i64) -> Result<(), EtcdError> {
-        LeaseClient::new(self.channel.clone())
-            .lease_revoke(pb::LeaseRevokeRequest { id })
-            .await?;
-        Ok(())
+        self.on_members(true, |ch| async move {
+            LeaseClient::new(ch)
+                .lease_revoke(pb::LeaseRevokeRequest { id })
+                .await
+                .map(|_| ())
+        })
+        .await
     }
 
     /// Refreshes lease `id` once; the TTL etcd now gives it (0: gone).
-    /// Bounded by [`CALL_TIMEOUT`] as a whole: a member without a leader
-    /// may hold the stream open without answering.
+    /// Each member's attempt is bounded by [`CALL_TIMEOUT`]: a member
+    /// without a leader may hold the stream open without answering.
     pub async fn keep_alive_once(&self, id: i64) -> Result<i64, EtcdError> {
-        let once = async {
-            let mut l = LeaseClient::new(self.channel.clone());
-            let (tx, rx) = mpsc::channel(1);
-            let _ = tx.send(pb::LeaseKeepAliveRequest { id }).await;
-            let mut stream = l
-                .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await?
-                .into_inner();
-            match stream.message().await {
-                Ok(Some(r)) => Ok(r.ttl),
-                Ok(None) => Err(EtcdError("keep-alive stream closed".into())),
-                Err(s) => Err(s.into()),
-            }
-        };
-        tokio::time::timeout(CALL_TIMEOUT, once)
-            .await
-            .unwrap_or_else(|_| Err(EtcdError("keep-alive timed out".into())))
+        self.on_members(true, |ch| async move {
+            let once = async {
+                let (tx, rx) = mpsc::channel(1);
+                let _ = tx.send(pb::LeaseKeepAliveRequest { id }).await;
+                let mut stream = LeaseClient::new(ch)
+                    .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+                    .await?
+                    .into_inner();
+                match stream.message().await? {
+                    Some(r) => Ok(r.ttl),
+                    None => Err(tonic::Status::unavailable("keep-alive stream closed")),
+                }
+            };
+            tokio::time::timeout(CALL_TIMEOUT, once)
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::unavailable("keep-alive timed out")))
+        })
+        .await
     }
 
     /// Watches every key under `prefix` from revision `from`; the events
@@ -254,26 +300,32 @@ impl Etcd {
         prefix: &[u8],
         from: i64,
     ) -> Result<mpsc::Receiver<Vec<pb::Event>>, EtcdError> {
-        let (req_tx, req_rx) = mpsc::channel(1);
-        let _ = req_tx
-            .send(pb::WatchRequest {
-                request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
-                    pb::WatchCreateRequest {
-                        key: prefix.to_vec(),
-                        range_end: prefix_end(prefix),
-                        start_revision: from,
-                        progress_notify: true,
-                        prev_kv: false,
-                    },
-                )),
+        let create = pb::WatchRequest {
+            request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
+                pb::WatchCreateRequest {
+                    key: prefix.to_vec(),
+                    range_end: prefix_end(prefix),
+                    start_revision: from,
+                    progress_notify: true,
+                    prev_kv: false,
+                },
+            )),
+        };
+        let (req_tx, mut stream) = self
+            .on_members(true, |ch| {
+                let create = create.clone();
+                async move {
+                    let (req_tx, req_rx) = mpsc::channel(1);
+                    let _ = req_tx.send(create).await;
+                    let mut client = WatchClient::new(ch);
+                    let open = client.watch(tokio_stream::wrappers::ReceiverStream::new(req_rx));
+                    let s = tokio::time::timeout(CALL_TIMEOUT, open)
+                        .await
+                        .map_err(|_| tonic::Status::unavailable("opening a watch timed out"))??;
+                    Ok((req_tx, s.into_inner()))
+                }
             })
-            .await;
-        let mut client = WatchClient::new(self.channel.clone());
-        let open = client.watch(tokio_stream::wrappers::ReceiverStream::new(req_rx));
-        let mut stream = tokio::time::timeout(CALL_TIMEOUT, open)
-            .await
-            .map_err(|_| EtcdError("opening a watch timed out".into()))??
-            .into_inner();
+            .await?;
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
             // Held so the request side stays open as long as the watch.
@@ -289,30 +341,6 @@ impl Etcd {
         });
         Ok(rx)
     }
-}
-
-/// Runs `call`, and once more if the transport failed (another member may
-/// answer: the channel balances over all of them).
-async fn retry_once<T, F, Fut>(mut call: F) -> Result<T, EtcdError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    match call().await {
-        Ok(r) => Ok(r.into_inner()),
-        // Reads are safe to repeat whatever happened to the first.
-        Err(s) if s.code() == tonic::Code::Unavailable || s.code() == tonic::Code::Unknown => {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            Ok(call().await?.into_inner())
-        }
-        Err(s) => Err(s.into()),
-    }
-}
-
-/// The call failed before its request was sent: no connection could be
-/// made to the member the balancer chose (a member just killed).
-fn never_sent(s: &tonic::Status) -> bool {
-    s.code() == tonic::Code::Unavailable && s.message().contains("connect error")
 }
 
 fn tls_config(s: &EtcdSettings) -> Result<Option<ClientTlsConfig>, EtcdError> {

@@ -26,7 +26,7 @@ use crate::store::durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError, St
 /// Writes in one transaction at most.
 pub const MAX_TXN_OPS: usize = 120;
 /// The longest a commit waits for etcd.
-pub const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1000);
+pub const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
 /// Batches taken into one round at most.
 const MAX_BATCHES: usize = 4096;
 
