@@ -197,8 +197,17 @@ fn three_replicas_share_the_nodes_and_answer_for_each_other() {
         let mut rig = Rig::start(&bin, 3).await;
         rig.simulate("share", 60, 8);
         rig.wait_fresh(0, 60, Duration::from_secs(20)).await;
-        // Every node has one owner key, and every replica owns a share.
-        let owners = rig.owners().await;
+        // Every node has one owner key (once the start-up hand-overs, as
+        // the replicas joined one after the other, are over), and every
+        // replica owns a share.
+        let t0 = Instant::now();
+        let owners = loop {
+            let o = rig.owners().await;
+            if o.len() == 60 || t0.elapsed() > Duration::from_secs(10) {
+                break o;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         assert_eq!(owners.len(), 60, "{owners:?}");
         let mut per: HashMap<&str, usize> = HashMap::new();
         for r in owners.values() {
@@ -433,13 +442,13 @@ async fn orchestrator(
             async move { c.pick_cpu(req).await }
         })
         .await;
-        if x % 4 != 0 {
+        if !x.is_multiple_of(4) {
             continue;
         }
         let alloc = n.clone();
         let granted = with_retry(
             &rig,
-            &at,
+            at,
             start + 1,
             &tally,
             "AllocateCpus",
@@ -471,7 +480,7 @@ async fn orchestrator(
         let id = g.lease_id;
         with_retry(
             &rig,
-            &at,
+            at,
             start + 2,
             &tally,
             "RenewLease",
@@ -485,14 +494,14 @@ async fn orchestrator(
             },
         )
         .await;
-        if x % 3 == 0 {
+        if x.is_multiple_of(3) {
             tally.held.lock().unwrap().insert(id);
             continue;
         }
         let tried = AtomicBool::new(false);
         let released = with_retry(
             &rig,
-            &at,
+            at,
             start + 3,
             &tally,
             "ReleaseCpus",
@@ -655,9 +664,9 @@ fn losing_etcd_members_one_is_invisible_two_refuse_grants_but_not_placements() {
                 Ok(_) => {}
                 Err(e) if e.code() == tonic::Code::Unavailable => {
                     tokio::time::sleep(Duration::from_secs(2)).await;
-                    alloc(i, n)
-                        .await
-                        .unwrap_or_else(|e| panic!("grant with one etcd member down, retried: {e}"));
+                    alloc(i, n).await.unwrap_or_else(|e| {
+                        panic!("grant with one etcd member down, retried: {e}")
+                    });
                 }
                 Err(e) => panic!("grant with one etcd member down: {e}"),
             }

@@ -167,6 +167,19 @@ enum Cmd {
         #[arg(long)]
         bounded_only: bool,
     },
+    /// Replicas on etcd against one server, same run: PickCpu at the
+    /// node's owner, through another replica (forwarded), and on a single
+    /// server; AllocateCpus+ReleaseCpus with leases in etcd against the
+    /// embedded store. Starts its own one-member etcd (`etcd` on the PATH,
+    /// or FAIRPLACE_ETCD).
+    Replicas {
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+    },
     /// Resident memory with many registered nodes.
     Memory {
         #[arg(long, default_value_t = 10_000)]
@@ -670,6 +683,19 @@ async fn main() {
             window,
         } => ingest(&server, nodes, cpus, seconds, connections, window).await,
         Cmd::Cache { reports } => cache(&server, reports).await,
+        Cmd::Replicas {
+            seconds,
+            connections,
+            concurrency,
+        } => {
+            drop(server);
+            replicas::run(
+                &args.server_cpus,
+                args.server_threads,
+                (seconds, connections, concurrency),
+            )
+            .await;
+        }
         Cmd::Leases {
             seconds,
             connections,
@@ -1597,5 +1623,182 @@ async fn allocate_release(c: &Client, count: u32, policy: String) -> bool {
     match r {
         Ok(r) => c.release_cpus(r.lease_id).await.is_ok(),
         Err(_) => false,
+    }
+}
+
+/// `fairplace-load replicas`: what replication costs a call.
+mod replicas {
+    use super::*;
+
+    /// A one-member etcd on free ports in a temporary directory.
+    struct Etcd {
+        child: Child,
+        dir: std::path::PathBuf,
+        url: String,
+    }
+
+    impl Drop for Etcd {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port")
+    }
+
+    fn etcd() -> Etcd {
+        let bin = std::env::var("FAIRPLACE_ETCD").unwrap_or_else(|_| "etcd".into());
+        let dir = std::env::temp_dir().join(format!("fairplace-load-etcd-{}", std::process::id()));
+        let (c, p) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{c}");
+        let peer = format!("http://127.0.0.1:{p}");
+        let child = Command::new(bin)
+            .args(["--name", "e0", "--data-dir"])
+            .arg(&dir)
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("e0={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd (apt-get install etcd-server, or set FAIRPLACE_ETCD)");
+        std::thread::sleep(Duration::from_secs(2));
+        Etcd { child, dir, url }
+    }
+
+    /// Two replica ids of which rendezvous hashing gives node `load` to the
+    /// first: the owner, and the one that forwards.
+    fn ids() -> (String, String) {
+        for i in 0.. {
+            let (a, b) = (format!("ra{i}"), format!("rb{i}"));
+            if fairplace::replica::hrw::owner([a.as_str(), b.as_str()], "load") == Some(a.as_str())
+            {
+                return (a, b);
+            }
+        }
+        unreachable!()
+    }
+
+    fn replica(cpus: &str, threads: usize, etcd: &Etcd, id: &str) -> Server {
+        let addr = format!("127.0.0.1:{}", free_port());
+        Server::start_with(
+            cpus,
+            threads,
+            &[
+                "--grpc-addr".into(),
+                addr,
+                "--etcd-endpoints".into(),
+                etcd.url.clone(),
+                "--replica-id".into(),
+                id.into(),
+            ],
+        )
+    }
+
+    async fn phase(
+        name: &str,
+        clients: &[Client],
+        (seconds, concurrency): (u64, usize),
+        pick: bool,
+    ) -> f64 {
+        let (all, errors, secs) = run_phase(clients, concurrency, seconds, move |c, i| {
+            let this = (i % 128) as u32;
+            let req = pb::PickCpuRequest {
+                node_id: "load".into(),
+                task: Some(pb::Task {
+                    prev_cpu: Some((this + 17) % 128),
+                    util_avg: 150,
+                    load_avg: 200,
+                    ..Default::default()
+                }),
+                kind: pb::RequestKind::Wakeup as i32,
+                this_cpu: this,
+                ..Default::default()
+            };
+            ping_or_pick(c, if pick { "pick_cpu" } else { "ping" }, req)
+        })
+        .await;
+        print_phase(name, &all, errors, secs)
+    }
+
+    async fn lease_phase(
+        name: &str,
+        clients: &[Client],
+        (seconds, concurrency): (u64, usize),
+    ) -> f64 {
+        let (all, errors, secs) = run_phase(clients, concurrency, seconds, |c, _| async move {
+            allocate_release(&c, 1, "kernel".into()).await
+        })
+        .await;
+        print_phase(name, &all, errors, secs)
+    }
+
+    pub async fn run(
+        cpus: &str,
+        threads: usize,
+        (seconds, connections, concurrency): (u64, usize, usize),
+    ) {
+        println!(
+            "# fairplace-load replicas: {connections} connections, {concurrency} callers, {seconds} s per phase"
+        );
+        let e = etcd();
+        let (a, b) = ids();
+        let owner = replica(cpus, threads, &e, &a);
+        let other = replica(cpus, threads, &e, &b);
+        // Both joined: the node goes to its owner.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _node = load_node(owner.node_channel().await).await;
+        let single = Server::start_with(cpus, threads, &[]);
+        let _node1 = load_node(single.node_channel().await).await;
+        let k = (seconds, concurrency);
+        let at_single = clients(&single, connections).await;
+        let at_owner = clients(&owner, connections).await;
+        let at_other = clients(&other, connections).await;
+        let ping = phase("ping (single server)", &at_single, k, false).await;
+        let pick_single = phase("pick_cpu (single server)", &at_single, k, true).await;
+        let ping_owner = phase("ping (replica)", &at_owner, k, false).await;
+        let pick_owner = phase("pick_cpu (at the owner)", &at_owner, k, true).await;
+        let pick_fwd = phase(
+            "pick_cpu (forwarded by the other replica)",
+            &at_other,
+            k,
+            true,
+        )
+        .await;
+        let lease_redb = lease_phase("allocate+release (single server, redb)", &at_single, k).await;
+        let lease_etcd = lease_phase("allocate+release (at the owner, etcd)", &at_owner, k).await;
+        println!("# same run, per second and as a share of the single server's ping");
+        for (what, v) in [
+            ("ping, single server", ping),
+            ("pick_cpu, single server", pick_single),
+            ("ping, replica", ping_owner),
+            ("pick_cpu at the owner", pick_owner),
+            ("pick_cpu through another replica", pick_fwd),
+            ("allocate+release, redb", lease_redb),
+            ("allocate+release, etcd", lease_etcd),
+        ] {
+            println!("{what}: {v:.0}/s ({:.2} of ping)", v / ping);
+        }
+        println!(
+            "forwarded/owner pick_cpu {:.2}; etcd/redb allocate+release {:.2}",
+            pick_fwd / pick_owner,
+            lease_etcd / lease_redb
+        );
     }
 }

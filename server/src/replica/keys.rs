@@ -88,7 +88,7 @@ impl Keys {
     }
 
     /// The last segment of `key` under `dir` (a member's or node's id).
-    pub fn name_in<'a>(&self, dir: &[u8], key: &'a [u8]) -> Option<String> {
+    pub fn name_in(&self, dir: &[u8], key: &[u8]) -> Option<String> {
         let rest = key.strip_prefix(dir)?;
         std::str::from_utf8(rest).ok().map(unsegment)
     }
