@@ -13,7 +13,7 @@ from grpc_tools import protoc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("FAIRPLACE_BIN_DIR", os.path.join(ROOT, "target", "debug"))
-PROTOS = ["types", "agent", "placement", "admin"]
+PROTOS = ["types", "agent", "placement", "admin", "replica"]
 
 
 @pytest.fixture(scope="session")

@@ -499,30 +499,22 @@ async fn orchestrator(
             continue;
         }
         let tried = AtomicBool::new(false);
-        let released = with_retry(
-            &rig,
-            at,
-            start + 3,
-            &tally,
-            "ReleaseCpus",
-            wait,
-            |mut c| {
-                // A retried release that finds no lease: the first try,
-                // cut off, released it.
-                let retry = tried.swap(true, Ordering::Relaxed);
-                async move {
-                    match c
-                        .release_cpus(pb::ReleaseCpusRequest { lease_id: id })
-                        .await
-                    {
-                        Err(e) if retry && e.code() == tonic::Code::NotFound => {
-                            Ok(tonic::Response::new(pb::ReleaseCpusResponse::default()))
-                        }
-                        r => r,
+        let released = with_retry(&rig, at, start + 3, &tally, "ReleaseCpus", wait, |mut c| {
+            // A retried release that finds no lease: the first try,
+            // cut off, released it.
+            let retry = tried.swap(true, Ordering::Relaxed);
+            async move {
+                match c
+                    .release_cpus(pb::ReleaseCpusRequest { lease_id: id })
+                    .await
+                {
+                    Err(e) if retry && e.code() == tonic::Code::NotFound => {
+                        Ok(tonic::Response::new(pb::ReleaseCpusResponse::default()))
                     }
+                    r => r,
                 }
-            },
-        )
+            }
+        })
         .await;
         if released.is_none() {
             tally.held.lock().unwrap().insert(id);
