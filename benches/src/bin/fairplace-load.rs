@@ -437,6 +437,24 @@ struct NodeStream {
 
 /// The node "load" every RPC phase places on: 128 CPUs registered and one
 /// full update acknowledged. Its stream stays open while the value lives.
+/// Call `i`'s PickCpu: a wakeup on node `load` (128 CPUs) from CPU
+/// `i % 128`, its previous CPU 17 further on.
+fn wakeup_on_load(i: usize) -> pb::PickCpuRequest {
+    let this = (i % 128) as u32;
+    pb::PickCpuRequest {
+        node_id: "load".into(),
+        task: Some(pb::Task {
+            prev_cpu: Some((this + 17) % 128),
+            util_avg: 150,
+            load_avg: 200,
+            ..Default::default()
+        }),
+        kind: pb::RequestKind::Wakeup as i32,
+        this_cpu: this,
+        ..Default::default()
+    }
+}
+
 async fn load_node(ch: Channel) -> NodeStream {
     let mut node = register(ch, "load", 128).await;
     node.tx.send(update(1, true, states(128, 7))).await.unwrap();
@@ -830,19 +848,9 @@ async fn rpc(
     let mut results = Vec::new();
     for phase in ["ping", "pick_cpu"] {
         let (all, errors, secs) = run_phase(&clients, concurrency, seconds, move |c, i| {
-            let this = (i % 128) as u32;
             let req = pb::PickCpuRequest {
-                node_id: "load".into(),
-                task: Some(pb::Task {
-                    prev_cpu: Some((this + 17) % 128),
-                    util_avg: 150,
-                    load_avg: 200,
-                    ..Default::default()
-                }),
-                kind: pb::RequestKind::Wakeup as i32,
-                this_cpu: this,
                 claim,
-                ..Default::default()
+                ..wakeup_on_load(i)
             };
             ping_or_pick(c, phase, req)
         })
@@ -1718,20 +1726,7 @@ mod replicas {
         pick: bool,
     ) -> f64 {
         let (all, errors, secs) = run_phase(clients, concurrency, seconds, move |c, i| {
-            let this = (i % 128) as u32;
-            let req = pb::PickCpuRequest {
-                node_id: "load".into(),
-                task: Some(pb::Task {
-                    prev_cpu: Some((this + 17) % 128),
-                    util_avg: 150,
-                    load_avg: 200,
-                    ..Default::default()
-                }),
-                kind: pb::RequestKind::Wakeup as i32,
-                this_cpu: this,
-                ..Default::default()
-            };
-            ping_or_pick(c, if pick { "pick_cpu" } else { "ping" }, req)
+            ping_or_pick(c, if pick { "pick_cpu" } else { "ping" }, wakeup_on_load(i))
         })
         .await;
         print_phase(name, &all, errors, secs)

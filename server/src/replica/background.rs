@@ -28,13 +28,7 @@ impl Replica {
     pub fn spawn(self: &Arc<Self>, hooks: Hooks) -> Vec<tokio::task::JoinHandle<()>> {
         // The series exist from the start (the recorder is installed by
         // now; it was not when the replica joined).
-        let up = if self.live_lease().is_some() {
-            1.0
-        } else {
-            0.0
-        };
-        metrics::gauge!(m::REPLICA_ETCD_UP).set(up);
-        metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);
+        self.export_standing();
         metrics::gauge!(m::REPLICA_LEADER).set(0.0);
         metrics::gauge!(m::REPLICA_MEMBERS).set(self.members().len() as f64);
         vec![
@@ -94,14 +88,19 @@ impl Replica {
                     }
                 }
             }
-            let up = if self.live_lease().is_some() {
-                1.0
-            } else {
-                0.0
-            };
-            metrics::gauge!(m::REPLICA_ETCD_UP).set(up);
-            metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);
+            self.export_standing();
         }
+    }
+
+    /// Whether the etcd lease is known alive, and the nodes held, as gauges.
+    fn export_standing(&self) {
+        let up = if self.live_lease().is_some() {
+            1.0
+        } else {
+            0.0
+        };
+        metrics::gauge!(m::REPLICA_ETCD_UP).set(up);
+        metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);
     }
 
     /// After a new etcd lease: each node this replica held is claimed
@@ -232,6 +231,18 @@ impl Replica {
             for node in idle {
                 tracing::info!(node, "held without a registration: let go");
                 self.release(&node).await;
+            }
+            // And the reverse: a stream for a node this replica does not
+            // hold is sent to the owner (a hand-over that raced it).
+            let strays: Vec<String> = self
+                .streams
+                .iter()
+                .filter(|e| !self.owned.contains_key(e.key()))
+                .map(|e| e.key().clone())
+                .collect();
+            for node in strays {
+                tracing::warn!(node, "a stream for a node not held here: sent to its owner");
+                self.send_to_owner(&node);
             }
         }
     }

@@ -356,11 +356,28 @@ impl Replica {
 
     /// A registered Report stream of `node` (its registration
     /// `generation`): the receiver says where to send the agent when the
-    /// node is handed over.
+    /// node is handed over. A node this replica no longer holds (handed
+    /// over while its registration was in flight, before there was a
+    /// stream to end) is sent on at once.
     pub fn attach_stream(&self, node: &str, generation: u64) -> watch::Receiver<Option<Redirect>> {
         let (tx, rx) = watch::channel(None);
         self.streams.insert(node.to_string(), (generation, tx));
+        if !self.owned.contains_key(node) {
+            self.send_to_owner(node);
+        }
         rx
+    }
+
+    /// Ends `node`'s stream, sending its agent to the node's
+    /// rendezvous-hash owner (or to any replica when that is this one).
+    fn send_to_owner(&self, node: &str) {
+        let addr = self
+            .hrw_owner(node)
+            .filter(|m| m.id != self.id)
+            .map(|m| m.addr)
+            .unwrap_or_default();
+        let why = format!("replica {} does not hold node {node}", self.id);
+        self.redirect(node, Redirect { addr, why });
     }
 
     pub fn detach_stream(&self, node: &str, generation: u64) {

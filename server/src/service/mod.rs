@@ -245,19 +245,7 @@ pub async fn serve_replicated(
 
     let sweeper = tokio::spawn(housekeeping(Arc::clone(&store), cfg.ready.clone()));
     let lease_expiry = allocate::spawn_expiry(Arc::clone(&store), hub);
-    let mut replica_loops = replicated.as_ref().map_or_else(Vec::new, |r| {
-        r.replica.spawn(crate::replica::Hooks {
-            store: Arc::clone(&store),
-        })
-    });
-    // Replicas publish their nodes' aggregates to each other.
-    let peers = replicated.as_ref().map(|r| {
-        let publisher = crate::replica::aggregates::Publisher::start(Arc::clone(&store));
-        replica_loops.push(tokio::spawn(
-            Arc::clone(&r.replica).follow_aggregates(Arc::clone(&store)),
-        ));
-        ReplicaServiceServer::new(peers::Peers { publisher }).max_decoding_message_size(max)
-    });
+    let (replica_loops, peers) = start_replica(replicated.as_ref(), &store, max);
 
     // One set of stream caps for both ports: they are totals.
     let stream_limits = layers::StreamLimitLayer::new(cfg.streams);
@@ -360,6 +348,33 @@ pub async fn serve_replicated(
         h.abort();
     }
     result
+}
+
+/// A replica's loops (membership, ownership, the balancer's election, the
+/// peers' aggregates) and the ReplicaService its peers subscribe to; none
+/// for a single server.
+fn start_replica(
+    replicated: Option<&route::Replicated>,
+    store: &Arc<Store>,
+    max_message_bytes: usize,
+) -> (
+    Vec<tokio::task::JoinHandle<()>>,
+    Option<ReplicaServiceServer<peers::Peers>>,
+) {
+    let Some(r) = replicated else {
+        return (Vec::new(), None);
+    };
+    let mut loops = r.replica.spawn(crate::replica::Hooks {
+        store: Arc::clone(store),
+    });
+    // Replicas publish their nodes' aggregates to each other.
+    let publisher = crate::replica::aggregates::Publisher::start(Arc::clone(store));
+    loops.push(tokio::spawn(
+        Arc::clone(&r.replica).follow_aggregates(Arc::clone(store)),
+    ));
+    let svc = ReplicaServiceServer::new(peers::Peers { publisher })
+        .max_decoding_message_size(max_message_bytes);
+    (loops, Some(svc))
 }
 
 /// The server's future, whichever connections it serves.
