@@ -83,6 +83,8 @@ impl Rig {
                 &cpus,
                 "--interval-ms",
                 "200",
+                "--label",
+                "zone=z1",
             ],
         ));
     }
@@ -337,6 +339,26 @@ fn three_replicas_share_the_nodes_and_answer_for_each_other() {
             .map(|i| rig.gauge(i, "fairplace_replica_leader"))
             .sum();
         assert_eq!(leaders, 1.0, "one balancer leader");
+        // A cluster Balance that acts runs on the leader, wherever it is
+        // asked: the others forward it.
+        let leader = (0..3)
+            .find(|&i| rig.gauge(i, "fairplace_replica_leader") == 1.0)
+            .unwrap();
+        for i in 0..3 {
+            rig.placement(i)
+                .balance(pb::BalanceRequest {
+                    cluster_level: "zone".into(),
+                    cluster_group: "z1".into(),
+                    apply: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("r{i} cluster Balance with apply: {e}"));
+            let forwarded = rig
+                .metrics(i)
+                .contains("fairplace_replica_forwards_total{method=\"Balance\",outcome=\"ok\"} 1");
+            assert_eq!(forwarded, i != leader, "r{i} (leader r{leader})");
+        }
     });
 }
 

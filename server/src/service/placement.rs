@@ -373,6 +373,7 @@ impl PlacementService for Placement {
             })
             .await;
         }
+        let ext = req.extensions().clone();
         let r = req.into_inner();
         if r.apply {
             identity::check_apply(&caller)?;
@@ -388,6 +389,22 @@ impl PlacementService for Placement {
                 return Err(Status::invalid_argument(
                     "cpus: only a node balance takes destination CPUs",
                 ));
+            }
+            // A pass that acts runs on the elected balancer only.
+            if r.apply
+                && let Some(rep) = self.replicated.as_ref()
+                && !route::forwarded(&ext)
+                && !rep.replica.is_leader()
+            {
+                let leader = rep.leader().await?;
+                let mut c = rep.placement(&leader)?;
+                return route::forward(
+                    "Balance",
+                    &caller,
+                    r,
+                    |q| async move { c.balance(q).await },
+                )
+                .await;
             }
             let creq = ClusterBalanceRequest {
                 level: r.cluster_level.clone(),

@@ -107,6 +107,15 @@ impl Replicated {
         }
     }
 
+    /// The elected balancer, as a member; UNAVAILABLE while there is none.
+    pub async fn leader(&self) -> Result<Member, Status> {
+        self.replica
+            .leader_id()
+            .await
+            .and_then(|id| self.replica.member(&id))
+            .ok_or_else(|| Status::unavailable("no balancer leader is elected now; retry"))
+    }
+
     pub fn placement(&self, m: &Member) -> Result<PlacementServiceClient<Channel>, Status> {
         Ok(PlacementServiceClient::new(
             self.replica.peers.channel(&m.addr)?,
