@@ -191,6 +191,10 @@ enum Cmd {
         /// Measure the store alone, in this process, without gRPC.
         #[arg(long)]
         in_process: bool,
+        /// Spread the nodes over this many replicas on one etcd (each node
+        /// registered at its owner) and report each replica's memory.
+        #[arg(long, default_value_t = 0)]
+        replicas: usize,
     },
 }
 
@@ -818,7 +822,24 @@ async fn main() {
             cpus,
             connections,
             in_process: false,
+            replicas: 0,
         } => memory(&server, nodes, cpus, connections).await,
+        Cmd::Memory {
+            nodes,
+            cpus,
+            replicas,
+            ..
+        } => {
+            drop(server);
+            replicas::memory(
+                &args.server_cpus,
+                args.server_threads,
+                nodes,
+                cpus,
+                replicas,
+            )
+            .await;
+        }
     }
 }
 
@@ -1715,6 +1736,9 @@ mod replicas {
                 etcd.url.clone(),
                 "--replica-id".into(),
                 id.into(),
+                // Registrations (topology builds) wait rather than shed.
+                "--heavy-queue".into(),
+                "256".into(),
             ],
         )
     }
@@ -1742,6 +1766,72 @@ mod replicas {
         })
         .await;
         print_phase(name, &all, errors, secs)
+    }
+
+    /// `nodes` nodes of `node_cpus` CPUs spread over `n` replicas, each
+    /// registered at its owner with one full snapshot and its stream kept
+    /// open; each replica's resident memory.
+    pub async fn memory(cpus: &str, threads: usize, nodes: usize, node_cpus: u32, n: usize) {
+        let e = etcd();
+        let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+        let servers: Vec<Server> = ids
+            .iter()
+            .map(|id| replica(cpus, threads, &e, id))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let base: Vec<u64> = servers.iter().map(Server::rss_kib).collect();
+        let mut chans = Vec::new();
+        for s in &servers {
+            chans.push(channels(&s.grpc, 8).await);
+        }
+        let t0 = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        let mut streams = Vec::with_capacity(nodes);
+        let mut per = vec![0usize; n];
+        for i in 0..nodes {
+            let id = format!("mem-{i}");
+            let owner = fairplace::replica::hrw::owner(ids.iter().map(String::as_str), &id)
+                .and_then(|o| ids.iter().position(|x| x == o))
+                .expect("an owner");
+            per[owner] += 1;
+            let ch = chans[owner][i % 8].clone();
+            set.spawn(async move {
+                let mut s = register(ch, &id, node_cpus).await;
+                s.tx.send(update(1, true, states(node_cpus, i as u64 + 1)))
+                    .await
+                    .unwrap();
+                s.acks.message().await.unwrap().unwrap();
+                s
+            });
+            // A few registrations in flight per replica: each is a topology
+            // build in the replica's heavy pool, which sheds beyond its queue.
+            while set.len() >= 6 * n {
+                streams.push(set.join_next().await.unwrap().unwrap());
+            }
+        }
+        while let Some(s) = set.join_next().await {
+            streams.push(s.unwrap());
+        }
+        let took = t0.elapsed();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        println!(
+            "# fairplace-load memory --replicas {n}: {nodes} nodes x {node_cpus} CPUs over {n} replicas on one etcd, each node at its owner with one full snapshot, streams open; registration took {:.1} s",
+            took.as_secs_f64()
+        );
+        let mut total = 0.0;
+        for (i, s) in servers.iter().enumerate() {
+            let rss = s.rss_kib();
+            total += rss as f64 / 1024.0;
+            println!(
+                "replica r{i}: {} nodes, RSS {:.1} MiB (empty {:.1} MiB), {:.1} KiB per node",
+                per[i],
+                rss as f64 / 1024.0,
+                base[i] as f64 / 1024.0,
+                rss.saturating_sub(base[i]) as f64 / per[i].max(1) as f64
+            );
+        }
+        println!("all replicas: {total:.1} MiB for {nodes} nodes");
+        drop(streams);
     }
 
     pub async fn run(
