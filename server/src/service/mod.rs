@@ -187,20 +187,7 @@ pub async fn serve_replicated(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<PlacementServiceServer<placement::Placement>>()
-        .await;
-    health
-        .set_serving::<AgentServiceServer<agent::Agent>>()
-        .await;
-    health
-        .set_serving::<AdminServiceServer<admin::Admin>>()
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-
+    let (health, health_service) = serving_health().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(fairplace_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -348,6 +335,27 @@ pub async fn serve_replicated(
         h.abort();
     }
     result
+}
+
+/// The health service, every API service SERVING.
+async fn serving_health() -> (
+    tonic_health::server::HealthReporter,
+    HealthServer<impl Health>,
+) {
+    let (health, service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<PlacementServiceServer<placement::Placement>>()
+        .await;
+    health
+        .set_serving::<AgentServiceServer<agent::Agent>>()
+        .await;
+    health
+        .set_serving::<AdminServiceServer<admin::Admin>>()
+        .await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    (health, service)
 }
 
 /// A replica's loops (membership, ownership, the balancer's election, the
