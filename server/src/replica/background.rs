@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use fairplace_proto::etcd as pb;
 
-use super::etcd::{self, EtcdError};
-use super::{ClaimError, Member, Redirect, Replica, observe_etcd};
+use super::etcd::EtcdError;
+use super::{ClaimError, Member, Redirect, Replica, Taken, observe_etcd};
 use crate::metrics as m;
 use crate::store::Store;
 
@@ -340,27 +340,12 @@ impl Replica {
     }
 
     async fn try_lead(&self, lease: i64) -> Result<bool, EtcdError> {
-        let key = self.keys.leader();
-        let t0 = Instant::now();
-        let r = self
-            .etcd
-            .txn(
-                vec![etcd::absent(key.clone())],
-                vec![etcd::put(key.clone(), self.id.clone().into_bytes(), lease)],
-                vec![etcd::get_op(key)],
-            )
-            .await?;
-        observe_etcd("campaign", t0);
-        if r.succeeded {
-            return Ok(true);
-        }
-        Ok(r.responses.into_iter().any(|op| match op.response {
-            Some(pb::response_op::Response::ResponseRange(rr)) => rr
-                .kvs
-                .first()
-                .is_some_and(|kv| kv.lease == lease && kv.value == self.id.as_bytes()),
-            _ => false,
-        }))
+        Ok(
+            match self.take_key(self.keys.leader(), lease, "campaign").await? {
+                Taken::Created => true,
+                Taken::Held(kv) => kv.is_some_and(|kv| self.is_mine(&kv, lease)),
+            },
+        )
     }
 
     /// The elected balancer's id, if any is known.

@@ -70,6 +70,14 @@ pub enum ClaimError {
     Unavailable(String),
 }
 
+/// What [`Replica::take_key`] found.
+pub(crate) enum Taken {
+    /// The key was absent and is now this replica's.
+    Created,
+    /// Someone holds it (`None`: it changed again before it was read).
+    Held(Option<fairplace_proto::etcd::KeyValue>),
+}
+
 /// Where an agent should go instead of this replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Redirect {
@@ -276,19 +284,15 @@ impl Replica {
                 self.id
             ))
         })?;
-        let key = self.keys.owner(node);
-        let t0 = Instant::now();
-        let r = self
-            .etcd
-            .txn(
-                vec![etcd::absent(key.clone())],
-                vec![etcd::put(key.clone(), self.id.clone().into_bytes(), lease)],
-                vec![etcd::get_op(key)],
-            )
+        let taken = self
+            .take_key(self.keys.owner(node), lease, "claim")
             .await
             .map_err(|e| ClaimError::Unavailable(e.to_string()))?;
-        observe_etcd("claim", t0);
-        if r.succeeded {
+        let holder = match taken {
+            Taken::Created => None,
+            Taken::Held(kv) => Some(kv),
+        };
+        if holder.is_none() {
             self.owned.insert(node.to_string(), (lease, Instant::now()));
             self.owners.insert(node.to_string(), self.id.clone());
             metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);
@@ -304,14 +308,8 @@ impl Replica {
             }
             return Ok(());
         }
-        let holder = r.responses.into_iter().find_map(|op| match op.response {
-            Some(fairplace_proto::etcd::response_op::Response::ResponseRange(rr)) => {
-                rr.kvs.into_iter().next()
-            }
-            _ => None,
-        });
-        match holder {
-            Some(kv) if kv.lease == lease && kv.value == self.id.as_bytes() => {
+        match holder.flatten() {
+            Some(kv) if self.is_mine(&kv, lease) => {
                 self.owned
                     .entry(node.to_string())
                     .or_insert((lease, Instant::now()));
@@ -327,6 +325,42 @@ impl Replica {
                 "node {node}: its owner key changed while it was claimed"
             ))),
         }
+    }
+
+    /// Creates `key` with this replica's id, bound to `lease`, where it is
+    /// absent (an owner key, the leader key); else reads who holds it.
+    pub(crate) async fn take_key(
+        &self,
+        key: Vec<u8>,
+        lease: i64,
+        op: &'static str,
+    ) -> Result<Taken, EtcdError> {
+        let t0 = Instant::now();
+        let r = self
+            .etcd
+            .txn(
+                vec![etcd::absent(key.clone())],
+                vec![etcd::put(key.clone(), self.id.clone().into_bytes(), lease)],
+                vec![etcd::get_op(key)],
+            )
+            .await?;
+        observe_etcd(op, t0);
+        if r.succeeded {
+            return Ok(Taken::Created);
+        }
+        Ok(Taken::Held(r.responses.into_iter().find_map(
+            |op| match op.response {
+                Some(fairplace_proto::etcd::response_op::Response::ResponseRange(rr)) => {
+                    rr.kvs.into_iter().next()
+                }
+                _ => None,
+            },
+        )))
+    }
+
+    /// Whether `kv` is this replica's, written under `lease`.
+    fn is_mine(&self, kv: &fairplace_proto::etcd::KeyValue, lease: i64) -> bool {
+        kv.lease == lease && kv.value == self.id.as_bytes()
     }
 
     /// Gives up `node`: its owner key is deleted if it is still this
