@@ -447,7 +447,9 @@ fn a_rack_balance_pulls_one_cold_task_to_the_idle_node() {
     // the source has one task and the destination is idle: stop.
     let s = store();
     let (_a, b) = rack(&s, false, false);
-    let out = s.cluster_balance(&rack_req(), Instant::now()).unwrap();
+    let out = s
+        .cluster_balance(&rack_req(), Default::default(), Instant::now())
+        .unwrap();
     assert_eq!(out.proposals.len(), 1, "{:?}", out.proposals);
     let p = &out.proposals[0];
     assert_eq!(
@@ -470,6 +472,7 @@ fn a_rack_balance_pulls_one_cold_task_to_the_idle_node() {
                 apply: true,
                 ..rack_req()
             },
+            Default::default(),
             Instant::now(),
         )
         .unwrap();
@@ -484,7 +487,9 @@ fn tasks_bound_to_their_cpus_never_leave_their_node() {
     // can_migrate_task); nothing moves.
     let s = store();
     rack(&s, false, true);
-    let out = s.cluster_balance(&rack_req(), Instant::now()).unwrap();
+    let out = s
+        .cluster_balance(&rack_req(), Default::default(), Instant::now())
+        .unwrap();
     assert!(out.proposals.is_empty());
     let named: Vec<(&str, u64)> = out.stats.rejection_counts().collect();
     assert_eq!(named, vec![("affinity", 2)]);
@@ -498,7 +503,9 @@ fn a_cache_hot_task_crosses_nodes_only_after_three_failed_passes() {
     let s = store();
     rack(&s, true, false);
     for pass in 0..3 {
-        let out = s.cluster_balance(&rack_req(), Instant::now()).unwrap();
+        let out = s
+            .cluster_balance(&rack_req(), Default::default(), Instant::now())
+            .unwrap();
         assert!(out.proposals.is_empty(), "pass {pass}");
         assert!(
             out.stats
@@ -507,12 +514,16 @@ fn a_cache_hot_task_crosses_nodes_only_after_three_failed_passes() {
             "pass {pass}"
         );
     }
-    let out = s.cluster_balance(&rack_req(), Instant::now()).unwrap();
+    let out = s
+        .cluster_balance(&rack_req(), Default::default(), Instant::now())
+        .unwrap();
     assert_eq!(out.proposals.len(), 1);
     assert!(out.proposals[0].forced_hot);
     assert_eq!(out.proposals[0].nr_balance_failed, 3);
     // Success resets the counter: the next pass refuses it again.
-    let out = s.cluster_balance(&rack_req(), Instant::now()).unwrap();
+    let out = s
+        .cluster_balance(&rack_req(), Default::default(), Instant::now())
+        .unwrap();
     assert!(out.proposals.is_empty());
 }
 
@@ -527,6 +538,7 @@ fn a_bad_cluster_group_names_its_field() {
                 group: group.into(),
                 ..ClusterBalanceRequest::default()
             },
+            Default::default(),
             Instant::now(),
         )
         .unwrap_err()
@@ -544,6 +556,7 @@ fn a_bad_cluster_group_names_its_field() {
                 group: "z1".into(),
                 ..ClusterBalanceRequest::default()
             },
+            Default::default(),
             Instant::now(),
         )
         .unwrap();

@@ -362,6 +362,136 @@ fn three_replicas_share_the_nodes_and_answer_for_each_other() {
     });
 }
 
+/// Registers `node` (zone z1, rack r1) with a hand-driven stream at its
+/// owner, following the redirect of the replica asked first; returns the
+/// stream and the owner's index.
+async fn register_at_owner(rig: &Rig, node: &str, ncpus: u32) -> (fairplace_e2e::Reporter, usize) {
+    let labels = [("zone", "z1"), ("rack", "r1")];
+    let mut at = 0;
+    for _ in 0..10 {
+        let topo = fairplace_e2e::topology(1, 1, ncpus, 1);
+        match fairplace_e2e::Reporter::register_labelled(&rig.addrs[at], node, topo, &labels).await
+        {
+            Ok(r) => return (r, at),
+            Err(e) => {
+                if let Some(owner) = e.metadata().get("fairplace-owner") {
+                    let owner = owner.to_str().unwrap();
+                    at = rig
+                        .addrs
+                        .iter()
+                        .position(|a| a == owner)
+                        .expect("an owner of the set");
+                } else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+    panic!("{node}: no replica took its registration");
+}
+
+#[test]
+fn a_cluster_balance_sees_every_replicas_nodes_and_claims_at_their_owners() {
+    let Some(bin) =
+        etcd_or_skip("a_cluster_balance_sees_every_replicas_nodes_and_claims_at_their_owners")
+    else {
+        return;
+    };
+    rt().block_on(async {
+        let rig = Rig::start(&bin, 3).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // A busy node and an idle one, owned by two different replicas.
+        let (mut hot, hot_at) = register_at_owner(&rig, "hot", 8).await;
+        let mut cold_name = String::new();
+        let mut cold = None;
+        for k in 0..64 {
+            let name = format!("cold-{k}");
+            let (r, at) = register_at_owner(&rig, &name, 8).await;
+            if at != hot_at {
+                cold_name = name;
+                cold = Some((r, at));
+                break;
+            }
+        }
+        let (mut cold, cold_at) = cold.expect("a node owned by another replica than hot's");
+        let leader = (0..3)
+            .find(|&i| rig.gauge(i, "fairplace_replica_leader") == 1.0)
+            .expect("a leader");
+        // Three tasks on each of hot's CPUs; cold idle. Sent twice: the
+        // aggregates reach every replica within 100 ms, and the pass then
+        // reads states under a second old.
+        let busy: Vec<(u32, u32)> = (0..8).map(|c| (c, 3)).collect();
+        for seq in 1..=2 {
+            hot.send(pb::Update {
+                node_id: "hot".into(),
+                ..fairplace_e2e::tasks_update(seq, 8, &busy)
+            })
+            .await
+            .expect("hot's update");
+            cold.send(pb::Update {
+                node_id: cold_name.clone(),
+                ..fairplace_e2e::tasks_update(seq, 8, &[])
+            })
+            .await
+            .expect("cold's update");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        // Asked where neither node is held (or at hot's owner): the pass
+        // must fetch the other replicas' nodes to see both.
+        let ask = (0..3)
+            .find(|&i| i != hot_at && i != cold_at)
+            .unwrap_or(hot_at);
+        let resp = rig
+            .placement(ask)
+            .balance(pb::BalanceRequest {
+                cluster_level: "rack".into(),
+                cluster_group: "z1/r1".into(),
+                apply: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("cluster Balance at r{ask} (leader r{leader}): {e}"))
+            .into_inner();
+        assert!(
+            !resp.proposals.is_empty(),
+            "hot (r{hot_at}) to {cold_name} (r{cold_at}): no proposal"
+        );
+        for p in &resp.proposals {
+            assert_eq!(
+                (p.src_node.as_str(), p.dst_node.as_str()),
+                ("hot", cold_name.as_str()),
+                "{p:?}"
+            );
+        }
+        // Every destination claimed, at the destination's owner.
+        assert_eq!(
+            resp.claimed as usize,
+            resp.proposals.len(),
+            "claims: {resp:?}"
+        );
+        let node = rig
+            .admin(cold_at)
+            .get_node(pb::GetNodeRequest {
+                node_id: cold_name.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("GetNode at the owner")
+            .into_inner();
+        let held: u32 = node.claims.values().sum();
+        assert!(
+            held as usize >= resp.proposals.len(),
+            "claims at {cold_name}'s owner: {:?}",
+            node.claims
+        );
+        // The balancer fetched the state of the nodes it does not hold.
+        let fetched = rig.metrics(leader).lines().any(|l| {
+            l.starts_with("fairplace_replica_forwards_total{method=\"NodeStates\",outcome=\"ok\"}")
+        });
+        assert!(fetched, "r{leader} fetched no node state");
+    });
+}
+
 /// What the orchestrator clients saw.
 #[derive(Default)]
 struct Tally {

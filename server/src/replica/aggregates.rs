@@ -55,26 +55,30 @@ pub fn to_pb(
 /// A published aggregate as a remote node of `replica`; `None` when its
 /// CPU list does not parse.
 fn from_pb(replica: &str, n: &pb::NodeAggregate, at: Instant) -> Option<RemoteNode> {
-    let online = CpuMask::parse_cpulist(&n.online, MAX_CPUS).ok()?;
     Some(RemoteNode {
         replica: replica.to_string(),
         path: Vec::new(),
-        online,
-        agg: NodeAgg {
-            nr_cpus: n.nr_cpus,
-            sum: GroupSum {
-                cpus: n.cpus,
-                idle_cpus: n.idle_cpus,
-                nr_running: n.nr_running,
-                load: n.load,
-                runnable: n.runnable,
-                util: n.util,
-                capacity: n.capacity,
-                max_capacity: n.max_capacity,
-            },
-        },
+        online: CpuMask::parse_cpulist(&n.online, MAX_CPUS).ok()?,
+        agg: agg_from_pb(n),
         at,
     })
+}
+
+/// A published aggregate's sums.
+pub fn agg_from_pb(n: &pb::NodeAggregate) -> NodeAgg {
+    NodeAgg {
+        nr_cpus: n.nr_cpus,
+        sum: GroupSum {
+            cpus: n.cpus,
+            idle_cpus: n.idle_cpus,
+            nr_running: n.nr_running,
+            load: n.load,
+            runnable: n.runnable,
+            util: n.util,
+            capacity: n.capacity,
+            max_capacity: n.max_capacity,
+        },
+    }
 }
 
 /// The replica's side that publishes: one scan per period, its changes

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod agent;
 pub mod allocate;
+mod cluster_pass;
 pub mod convert;
 pub mod exposition;
 pub mod heavy;
@@ -380,8 +381,11 @@ fn start_replica(
     loops.push(tokio::spawn(
         Arc::clone(&r.replica).follow_aggregates(Arc::clone(store)),
     ));
-    let svc = ReplicaServiceServer::new(peers::Peers { publisher })
-        .max_decoding_message_size(max_message_bytes);
+    let svc = ReplicaServiceServer::new(peers::Peers {
+        publisher,
+        store: Arc::clone(store),
+    })
+    .max_decoding_message_size(max_message_bytes);
     (loops, Some(svc))
 }
 

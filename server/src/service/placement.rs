@@ -18,7 +18,7 @@ use crate::engine::{can_migrate_task, select_task_rq};
 use crate::metrics as m;
 use crate::offline::scenario::decide_value;
 use crate::store::cluster::ClusterRequest;
-use crate::store::{BalanceRequest, ClusterBalanceRequest, Node, Store};
+use crate::store::{BalanceRequest, Node, Store};
 
 /// How often a claimed placement is decided again when other claims keep
 /// changing the node under it, before it decides under the node's writer.
@@ -375,62 +375,13 @@ impl PlacementService for Placement {
         }
         let ext = req.extensions().clone();
         let r = req.into_inner();
+        if r.node_id.is_empty() {
+            return self.balance_cluster(&caller, &ext, r).await;
+        }
         if r.apply {
             identity::check_apply(&caller)?;
         }
         let store = Arc::clone(&self.store);
-        if r.node_id.is_empty() {
-            if r.cluster_level.is_empty() {
-                return Err(Status::invalid_argument(
-                    "node_id: name a node, or cluster_level and cluster_group for a cluster balance",
-                ));
-            }
-            if !r.cpus.is_empty() {
-                return Err(Status::invalid_argument(
-                    "cpus: only a node balance takes destination CPUs",
-                ));
-            }
-            // A pass that acts runs on the elected balancer only.
-            if r.apply
-                && let Some(rep) = self.replicated.as_ref()
-                && !route::forwarded(&ext)
-                && !rep.replica.is_leader()
-            {
-                let leader = rep.leader().await?;
-                let mut c = rep.placement(&leader)?;
-                return route::forward(
-                    "Balance",
-                    &caller,
-                    r,
-                    |q| async move { c.balance(q).await },
-                )
-                .await;
-            }
-            let creq = ClusterBalanceRequest {
-                level: r.cluster_level.clone(),
-                group: r.cluster_group.clone(),
-                apply: r.apply,
-                max_proposals: r.max_proposals as usize,
-            };
-            let t0 = Instant::now();
-            let out = self
-                .heavy
-                .run("balance", move || store.cluster_balance(&creq, t0))
-                .await?
-                .map_err(convert::invalid)?;
-            m::record_balance(
-                "cluster",
-                &out.stats,
-                out.proposals
-                    .iter()
-                    .map(|p| (p.migration_type.as_str(), false)),
-                t0.elapsed().as_secs_f64(),
-            );
-            if r.apply {
-                count_claims(&caller, out.proposals.len());
-            }
-            return Ok(Response::new(convert::cluster_balance_response(&out)));
-        }
         if !r.cluster_level.is_empty() || !r.cluster_group.is_empty() {
             return Err(Status::invalid_argument(
                 "cluster_level: a node balance takes no cluster group",
@@ -560,7 +511,7 @@ impl PlacementService for Placement {
 }
 
 /// Claims made, attributed to the caller's certificate name.
-fn count_claims(caller: &Caller, n: usize) {
+pub(super) fn count_claims(caller: &Caller, n: usize) {
     if n > 0 {
         metrics::counter!(m::CLAIMS_BY_CALLER, "caller" => caller.claimant()).increment(n as u64);
     }

@@ -291,33 +291,7 @@ impl Store {
             });
         }
         let n = node.spec.cpus.len();
-        let mut seen = CpuMask::new();
-        for (k, (id, c)) in u.cpus.iter().enumerate() {
-            let field = |f: &str| format!("update.cpus[{k}].{f}");
-            let id = *id as usize;
-            if id >= n {
-                return Err(Reject::Invalid(FieldError::new(
-                    field("id"),
-                    format!("CPU {id} is not in the topology ({n} CPUs)"),
-                )));
-            }
-            if seen.test(id) {
-                return Err(Reject::Invalid(FieldError::new(
-                    field("id"),
-                    format!("CPU {id} is listed twice"),
-                )));
-            }
-            seen.set(id);
-            c.check(node.spec.cpus[id].capacity)
-                .map_err(|(f, msg)| Reject::Invalid(FieldError::new(field(f), msg)))?;
-        }
-        if u.full && seen.weight() != n {
-            let missing = CpuMask::first_n(n).andnot(&seen);
-            return Err(Reject::Invalid(FieldError::new(
-                "update.cpus",
-                format!("a full snapshot must list every CPU; missing {missing}"),
-            )));
-        }
+        let seen = check_update_cpus(&node.spec, u).map_err(Reject::Invalid)?;
         // The online set after the update, without touching the stored state.
         let cur = node.snapshot();
         let mut online = cur.topo.online.andnot(&seen);
@@ -379,6 +353,41 @@ impl Store {
         let ns = now.saturating_duration_since(self.epoch).as_nanos();
         ns.clamp(1, MAX_CLOCK as u128) as i64
     }
+}
+
+/// An update's CPU states checked against the node's hardware: each CPU
+/// in the topology, listed once, in range, and every CPU in a full
+/// snapshot. Returns the CPUs listed.
+pub(super) fn check_update_cpus(spec: &TopologySpec, u: &Update) -> Result<CpuMask, FieldError> {
+    let n = spec.cpus.len();
+    let mut seen = CpuMask::new();
+    for (k, (id, c)) in u.cpus.iter().enumerate() {
+        let field = |f: &str| format!("update.cpus[{k}].{f}");
+        let id = *id as usize;
+        if id >= n {
+            return Err(FieldError::new(
+                field("id"),
+                format!("CPU {id} is not in the topology ({n} CPUs)"),
+            ));
+        }
+        if seen.test(id) {
+            return Err(FieldError::new(
+                field("id"),
+                format!("CPU {id} is listed twice"),
+            ));
+        }
+        seen.set(id);
+        c.check(spec.cpus[id].capacity)
+            .map_err(|(f, msg)| FieldError::new(field(f), msg))?;
+    }
+    if u.full && seen.weight() != n {
+        let missing = CpuMask::first_n(n).andnot(&seen);
+        return Err(FieldError::new(
+            "update.cpus",
+            format!("a full snapshot must list every CPU; missing {missing}"),
+        ));
+    }
+    Ok(seen)
 }
 
 /// A reported CPU, with an `idle_stamp` if it is idle and came without one.

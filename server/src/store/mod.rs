@@ -42,7 +42,7 @@ mod tasks;
 
 pub use balance::{BalanceOutcome, BalanceRequest};
 pub use cache::{CacheSummary, ProcSummary};
-pub use cluster::pass::ClusterBalanceRequest;
+pub use cluster::pass::{ClusterBalanceRequest, PeerMembers};
 pub use durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError};
 pub use ingest::check_labels;
 pub use labels::LabelPolicy;

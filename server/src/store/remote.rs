@@ -14,9 +14,11 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use super::Store;
+use super::{Store, Update, ingest, tasks};
+use crate::engine::balance::cluster::ClusterMember;
 use crate::engine::cpumask::CpuMask;
 use crate::engine::group::NodeAgg;
+use crate::engine::topology::{FieldError, TopologySpec};
 
 /// One other replica's node.
 #[derive(Debug, Clone)]
@@ -99,5 +101,50 @@ impl Store {
     /// takes its replica's nodes with it.
     pub fn remote_node(&self, id: &str) -> Option<RemoteNode> {
         self.remote.get(id)
+    }
+
+    /// Another replica's node as a cluster balance pass here reads it: the
+    /// topology, CPUs and tasks its owner stores, sent as a full report
+    /// (`u`) and checked as an agent's would be, with the owner's sums.
+    pub fn peer_member(
+        &self,
+        id: &str,
+        spec: TopologySpec,
+        u: &Update,
+        util_est: bool,
+        agg: NodeAgg,
+    ) -> Result<ClusterMember, FieldError> {
+        spec.validate("topology")?;
+        if !u.full {
+            return Err(FieldError::new(
+                "update.full",
+                "a node's state is a full snapshot",
+            ));
+        }
+        ingest::check_update_cpus(&spec, u)?;
+        let n = spec.cpus.len();
+        let mut cpus = vec![u.cpus[0].1; n];
+        let mut online = CpuMask::new();
+        for &(cpu, c) in &u.cpus {
+            cpus[cpu as usize] = c;
+            if c.online {
+                online.set(cpu as usize);
+            }
+        }
+        if online.is_empty() {
+            return Err(FieldError::new("update.cpus", "no CPU is online"));
+        }
+        let spec = self.intern_spec(spec);
+        let topo = self.topology(&spec, &online)?;
+        let empty = self.empty_tasks(n);
+        let tasks = tasks::merge(&empty, u, n, &online, &empty)?;
+        Ok(ClusterMember {
+            id: id.to_string(),
+            topo,
+            cpus,
+            tasks,
+            util_est,
+            agg,
+        })
     }
 }

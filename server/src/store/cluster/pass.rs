@@ -17,6 +17,10 @@ use crate::quote::quote;
 
 use crate::store::Store;
 
+/// The group's nodes that other replicas hold, fetched from their owners
+/// for one pass ([`Store::peer_member`]), by id.
+pub type PeerMembers = HashMap<String, ClusterMember>;
+
 #[derive(Debug, Clone, Default)]
 pub struct ClusterBalanceRequest {
     /// A hierarchy label (`zone`, `rack`).
@@ -28,10 +32,15 @@ pub struct ClusterBalanceRequest {
 }
 
 impl Store {
-    /// One periodic balance across the members of a cluster group.
+    /// One periodic balance across the members of a cluster group: the
+    /// nodes registered here and, with replicas, `peers` (the group's
+    /// nodes other replicas hold). With `apply`, the destinations on nodes
+    /// registered here are claimed; the caller claims the others at their
+    /// owners.
     pub fn cluster_balance(
         &self,
         req: &ClusterBalanceRequest,
+        mut peers: PeerMembers,
         now: Instant,
     ) -> Result<ClusterBalanceOutcome, FieldError> {
         let (li, path) = self.cluster_level_of(req)?;
@@ -52,7 +61,7 @@ impl Store {
         let mut members = Vec::new();
         let mut children = Vec::new();
         for ids in child_nodes {
-            let v = self.fresh_members(ids, now, &mut members);
+            let v = self.fresh_members(ids, now, &mut peers, &mut members);
             if !v.is_empty() {
                 children.push(v);
             }
@@ -107,16 +116,40 @@ impl Store {
         Ok((li, path))
     }
 
-    /// Appends the fresh nodes among `ids` to `members`; their indices.
+    /// The group's nodes that no registration here holds: with replicas,
+    /// the nodes other replicas publish, whose state the pass must fetch.
+    pub fn cluster_peer_nodes(
+        &self,
+        req: &ClusterBalanceRequest,
+    ) -> Result<Vec<String>, FieldError> {
+        let (_, path) = self.cluster_level_of(req)?;
+        let Some(group) = self.cluster.group(&path) else {
+            return Ok(Vec::new());
+        };
+        let mut ids = group.all_nodes();
+        ids.retain(|id| self.get(id).is_none());
+        Ok(ids)
+    }
+
+    /// Appends the fresh nodes among `ids` to `members` (a node registered
+    /// here from its snapshot, another replica's from `peers`); their
+    /// indices.
     fn fresh_members(
         &self,
         ids: Vec<String>,
         now: Instant,
+        peers: &mut PeerMembers,
         members: &mut Vec<ClusterMember>,
     ) -> Vec<usize> {
         let mut idx = Vec::new();
         for id in ids {
-            let Some(n) = self.get(&id) else { continue };
+            let Some(n) = self.get(&id) else {
+                if let Some(m) = peers.remove(&id) {
+                    idx.push(members.len());
+                    members.push(m);
+                }
+                continue;
+            };
             let snap = n.snapshot();
             if !self.is_fresh(&snap, now) {
                 continue;
@@ -134,7 +167,8 @@ impl Store {
         idx
     }
 
-    /// Claims each proposal's destination CPU on its node.
+    /// Claims each proposal's destination CPU on its node, where the node
+    /// is registered here.
     fn claim_destinations(&self, out: &ClusterBalanceOutcome, now: Instant) -> u32 {
         let mut by_node: HashMap<&str, Vec<usize>> = HashMap::new();
         for p in &out.proposals {
