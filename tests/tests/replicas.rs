@@ -26,12 +26,18 @@ const TTL_S: &str = "2";
 struct Rig {
     etcd: EtcdCluster,
     addrs: Vec<String>,
+    /// Flags every replica gets on top of the rig's own.
+    extra: Vec<String>,
     replicas: Vec<Option<Server>>,
     agents: Vec<Agent>,
 }
 
 impl Rig {
     async fn start(bin: &str, replicas: usize) -> Rig {
+        Rig::start_with(bin, replicas, &[]).await
+    }
+
+    async fn start_with(bin: &str, replicas: usize, extra: &[&str]) -> Rig {
         let etcd = EtcdCluster::start(bin, 3);
         etcd.wait_healthy(Duration::from_secs(20)).await;
         let addrs: Vec<String> = (0..replicas)
@@ -40,6 +46,7 @@ impl Rig {
         let mut rig = Rig {
             etcd,
             addrs,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
             replicas: Vec::new(),
             agents: Vec::new(),
         };
@@ -53,7 +60,7 @@ impl Rig {
     fn spawn_replica(&self, i: usize) -> Server {
         let eps = self.etcd.endpoints();
         let id = format!("r{i}");
-        Server::start(&[
+        let mut args = vec![
             "--grpc-addr",
             &self.addrs[i],
             "--etcd-endpoints",
@@ -64,7 +71,9 @@ impl Rig {
             TTL_S,
             "--stale-after-ms",
             "2000",
-        ])
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        Server::start(&args)
     }
 
     /// `n` simulated nodes of `cpus` CPUs, reporting every 200 ms, told
@@ -490,6 +499,130 @@ fn a_cluster_balance_sees_every_replicas_nodes_and_claims_at_their_owners() {
         });
         assert!(fetched, "r{leader} fetched no node state");
     });
+}
+
+/// The features GetFeatures answers at replica `i` (`node` empty: the
+/// global ones): effective values and the names overridden.
+async fn features_at(rig: &Rig, i: usize, node: &str) -> (HashMap<String, bool>, Vec<String>) {
+    let f = rig
+        .admin(i)
+        .get_features(pb::GetFeaturesRequest {
+            node_id: node.into(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("GetFeatures({node:?}) at r{i}: {e}"))
+        .into_inner();
+    (f.features.into_iter().collect(), f.overridden)
+}
+
+fn set_features(
+    node: &str,
+    name: &str,
+    on: bool,
+    token: &str,
+) -> tonic::Request<pb::SetFeaturesRequest> {
+    let mut req = tonic::Request::new(pb::SetFeaturesRequest {
+        node_id: node.into(),
+        set: [(name.to_string(), on)].into(),
+        clear_overrides: false,
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req
+}
+
+#[test]
+fn feature_switches_hold_on_every_replica_and_follow_a_node_to_its_next_owner() {
+    let Some(bin) = etcd_or_skip("feature_switches_hold_on_every_replica") else {
+        return;
+    };
+    rt().block_on(async {
+        let mut rig = Rig::start_with(&bin, 3, &["--admin-token", "s3cret"]).await;
+        rig.simulate("feat", 30, 8);
+        rig.wait_fresh(0, 30, Duration::from_secs(30)).await;
+        // A global switch set at r0 holds on every replica, and on the
+        // nodes each one holds.
+        rig.admin(0)
+            .set_features(set_features("", "SIS_UTIL", false, "s3cret"))
+            .await
+            .expect("global SetFeatures at r0");
+        let owners = rig.owners().await;
+        wait_for_async(
+            Duration::from_secs(5),
+            "SIS_UTIL off everywhere",
+            || async {
+                for i in 0..3 {
+                    if features_at(&rig, i, "").await.0["SIS_UTIL"] {
+                        return false;
+                    }
+                }
+                for (node, owner) in owners.iter().take(6) {
+                    let i: usize = owner[1..].parse().unwrap();
+                    if features_at(&rig, i, node).await.0["SIS_UTIL"] {
+                        return false;
+                    }
+                }
+                true
+            },
+        )
+        .await;
+        // A node's override, set at a replica that does not own it (the
+        // token travels with the forwarded call; a wrong one is refused).
+        let (node, owner) = owners.iter().find(|(_, o)| *o != "r0").unwrap();
+        let owner: usize = owner[1..].parse().unwrap();
+        let denied = rig
+            .admin(0)
+            .set_features(set_features(node, "WA_IDLE", false, "wrong"))
+            .await
+            .expect_err("a wrong token");
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied}");
+        rig.admin(0)
+            .set_features(set_features(node, "WA_IDLE", false, "s3cret"))
+            .await
+            .expect("node SetFeatures at r0, forwarded");
+        for i in 0..3 {
+            let (f, over) = features_at(&rig, i, node).await;
+            assert!(!f["WA_IDLE"] && over == ["WA_IDLE"], "r{i}: {f:?} {over:?}");
+        }
+        // The owner dies: the override is in force at the node's next owner.
+        let pid = rig.replicas[owner].as_ref().unwrap().pid();
+        send_signal(pid, 9);
+        rig.replicas[owner] = None;
+        let other = (0..3).find(|&i| i != owner).unwrap();
+        wait_for_async(
+            Duration::from_secs(15),
+            "the node at its next owner",
+            || async {
+                rig.owners()
+                    .await
+                    .get(node)
+                    .is_some_and(|o| o != &format!("r{owner}"))
+                    && rig.fresh_nodes(other).await >= 30
+            },
+        )
+        .await;
+        let next = rig.owners().await[node].clone();
+        let next: usize = next[1..].parse().unwrap();
+        let (f, over) = features_at(&rig, next, node).await;
+        assert!(
+            !f["WA_IDLE"] && over == ["WA_IDLE"],
+            "at r{next}: {f:?} {over:?}"
+        );
+        assert!(!f["SIS_UTIL"], "the global switch at r{next}: {f:?}");
+    });
+}
+
+/// Polls `f` every 100 ms until it holds; panics after `limit`.
+async fn wait_for_async<F, Fut>(limit: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let t0 = Instant::now();
+    while !f().await {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// What the orchestrator clients saw.

@@ -36,6 +36,7 @@ impl Replica {
             tokio::spawn(Arc::clone(self).follow_members(hooks.clone())),
             tokio::spawn(Arc::clone(self).follow_owners()),
             tokio::spawn(Arc::clone(self).campaign()),
+            tokio::spawn(Arc::clone(self).follow_features(Arc::clone(&hooks.store))),
             tokio::spawn(Arc::clone(self).tidy(hooks)),
         ]
     }

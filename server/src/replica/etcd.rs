@@ -384,6 +384,16 @@ pub fn absent(key: Vec<u8>) -> pb::Compare {
     }
 }
 
+/// `key` was last written at revision `rev` (unchanged since it was read).
+pub fn unchanged(key: Vec<u8>, rev: i64) -> pb::Compare {
+    pb::Compare {
+        result: CompareResult::Equal as i32,
+        target: CompareTarget::Mod as i32,
+        key,
+        target_union: Some(TargetUnion::ModRevision(rev)),
+    }
+}
+
 /// `key` is bound to etcd lease `lease` (so it exists, and was written
 /// under that lease: the fence of a node's owner).
 pub fn bound_to(key: Vec<u8>, lease: i64) -> pb::Compare {

@@ -9,6 +9,8 @@
 //! | `leases/NODE/ID` | the lease record as JSON | nothing (durable) |
 //! | `lease-ids/ID` | the lease's node | nothing |
 //! | `ended/NODE/ID` | until when the tombstone is kept (ms) | nothing |
+//! | `features/global` | every global switch set, JSON name -> on | nothing |
+//! | `features/nodes/NODE` | the node's overrides, JSON name -> on | nothing |
 //!
 //! A node id may hold any printable character, `/` included, so it is
 //! escaped in keys (`%` as `%25`, `/` as `%2F`): one node's prefix never
@@ -85,6 +87,22 @@ impl Keys {
 
     pub fn ended(&self, node: &str, id: u64) -> Vec<u8> {
         self.k(format_args!("ended/{}/{id:016x}", segment(node)))
+    }
+
+    pub fn features(&self) -> Vec<u8> {
+        self.k(format_args!("features/"))
+    }
+
+    pub fn global_features(&self) -> Vec<u8> {
+        self.k(format_args!("features/global"))
+    }
+
+    pub fn nodes_features(&self) -> Vec<u8> {
+        self.k(format_args!("features/nodes/"))
+    }
+
+    pub fn node_features(&self, node: &str) -> Vec<u8> {
+        self.k(format_args!("features/nodes/{}", segment(node)))
     }
 
     /// The last segment of `key` under `dir` (a member's or node's id).

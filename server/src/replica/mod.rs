@@ -13,14 +13,19 @@
 //! - **Leases** ([`log::EtcdLog`]): the lease store's etcd implementation,
 //!   each commit fenced on the owner key.
 //! - **One balancer** ([`Replica::campaign`]): the `leader` key.
+//! - **Feature switches** ([`features`]): the global set and each node's
+//!   overrides, so SetFeatures means the same on every replica and a
+//!   node's overrides follow it to its next owner.
 //! - **Forwarding** ([`forward`]): any replica answers any call by passing
 //!   it to the node's owner over mutual TLS, with the caller's identity.
 //!
 //! Node state itself is soft (agents send it again), so it never goes
-//! through etcd: only membership, ownership, leases and the leader do.
+//! through etcd: only membership, ownership, leases, the leader and the
+//! feature switches do.
 
 pub mod aggregates;
 pub mod etcd;
+pub mod features;
 pub mod forward;
 pub mod hrw;
 pub mod keys;
@@ -112,6 +117,8 @@ pub struct Replica {
     leader: AtomicBool,
     /// node -> the redirect channel of its registered Report stream.
     streams: DashMap<String, (u64, watch::Sender<Option<Redirect>>)>,
+    /// node -> its feature overrides in etcd ([`features`]).
+    node_features: DashMap<String, features::Switches>,
     pub peers: forward::Peers,
 }
 
@@ -148,6 +155,7 @@ impl Replica {
             orphaned: DashMap::new(),
             leader: AtomicBool::new(false),
             streams: DashMap::new(),
+            node_features: DashMap::new(),
             peers: forward::Peers::new(cfg.peer_tls.clone()),
         });
         let deadline = Instant::now() + start_timeout;

@@ -304,6 +304,14 @@ impl AdminService for Admin {
         req: Request<pb::GetFeaturesRequest>,
     ) -> Result<Response<pb::Features>, Status> {
         self.auth.authorize("GetFeatures", req.metadata())?;
+        if let Some((rep, m)) = self.peer_for(&req.get_ref().node_id, req.extensions())? {
+            let caller = Caller::of(req.extensions());
+            let mut c = rep.admin(&m)?;
+            return route::forward("GetFeatures", &caller, req.into_inner(), |q| async move {
+                c.get_features(q).await
+            })
+            .await;
+        }
         let id = &req.get_ref().node_id;
         if id.is_empty() {
             return Ok(Response::new(features_pb(
@@ -322,14 +330,37 @@ impl AdminService for Admin {
         req: Request<pb::SetFeaturesRequest>,
     ) -> Result<Response<pb::Features>, Status> {
         self.auth.authorize("SetFeatures", req.metadata())?;
+        let caller = Caller::of(req.extensions());
+        if let Some((rep, m)) = self.peer_for(&req.get_ref().node_id, req.extensions())? {
+            // The owner checks the token again: it travels with the call.
+            let auth = req.metadata().get("authorization").cloned();
+            let mut c = rep.admin(&m)?;
+            return route::forward(
+                "SetFeatures",
+                &caller,
+                req.into_inner(),
+                |mut q| async move {
+                    if let Some(a) = auth {
+                        q.metadata_mut().insert("authorization", a);
+                    }
+                    c.set_features(q).await
+                },
+            )
+            .await;
+        }
         let r = req.into_inner();
         let mut set: Vec<(String, bool)> = r.set.into_iter().collect();
         set.sort();
+        crate::store::check_features(&set).map_err(convert::invalid)?;
         let node = if r.node_id.is_empty() {
             None
         } else {
             Some(self.node(&r.node_id)?)
         };
+        if let Some(rep) = &self.replicated {
+            // In etcd first: a change etcd did not take changes nothing.
+            share_features(rep, &self.store, node.as_deref(), &set, r.clear_overrides).await?;
+        }
         self.store
             .set_features(node.as_deref(), &set, r.clear_overrides)
             .map_err(convert::invalid)?;
@@ -353,6 +384,35 @@ impl AdminService for Admin {
     ) -> Result<Response<pb::PingResponse>, Status> {
         Ok(Response::new(pb::PingResponse {}))
     }
+}
+
+/// A SetFeatures change written to etcd, for the other replicas and for
+/// the node's next owner ([`crate::replica::features`]).
+async fn share_features(
+    rep: &Replicated,
+    store: &Store,
+    node: Option<&Node>,
+    set: &[(String, bool)],
+    clear: bool,
+) -> Result<(), Status> {
+    let unavailable = |e: crate::replica::etcd::EtcdError| {
+        Status::unavailable(format!(
+            "the feature switches could not be stored in etcd: {e}; retry"
+        ))
+    };
+    match node {
+        None => rep.replica.set_global_features(set).await.map(|_| ()),
+        Some(n) => {
+            let mut over: crate::replica::features::Switches = if clear {
+                Default::default()
+            } else {
+                store.overrides(n).into_iter().collect()
+            };
+            over.extend(set.iter().cloned());
+            rep.replica.put_node_features(&n.id, &over).await
+        }
+    }
+    .map_err(unavailable)
 }
 
 #[cfg(test)]

@@ -279,7 +279,17 @@ impl ReportStream {
             rep.replica.release(&node_id).await;
         }
         match registered {
-            Ok(Ok((node, generation))) => Some((node, generation, held)),
+            Ok(Ok((node, generation))) => {
+                // The overrides an earlier owner set follow the node here.
+                if let Some(over) = self
+                    .replicated
+                    .as_ref()
+                    .and_then(|rep| rep.replica.node_overrides(&node.id))
+                {
+                    let _ = self.store.set_features(Some(&node), &over, true);
+                }
+                Some((node, generation, held))
+            }
             Ok(Err(e)) => {
                 rejected(e.reason());
                 let status = match e {

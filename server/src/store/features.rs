@@ -10,6 +10,19 @@ use crate::engine::topology::FieldError;
 use super::claims::base_cpus;
 use super::{Node, Store};
 
+/// Every name in `set` is a feature: the field of the first that is not.
+pub fn check_features(set: &[(String, bool)]) -> Result<(), FieldError> {
+    let mut check = Features::default();
+    for (k, v) in set {
+        if !check.set(k, *v) {
+            // A long name is quoted and cut, never echoed whole.
+            let name = crate::quote::field_key(k);
+            return Err(FieldError::new(format!("set.{name}"), "unknown feature"));
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     pub fn global_features(&self) -> Features {
         **self.global.load()
@@ -32,14 +45,7 @@ impl Store {
         set: &[(String, bool)],
         clear_overrides: bool,
     ) -> Result<(), FieldError> {
-        let mut check = Features::default();
-        for (k, v) in set {
-            if !check.set(k, *v) {
-                // A long name is quoted and cut, never echoed whole.
-                let name = crate::quote::field_key(k);
-                return Err(FieldError::new(format!("set.{name}"), "unknown feature"));
-            }
-        }
+        check_features(set)?;
         match node {
             None => {
                 let _serial = self

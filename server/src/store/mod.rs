@@ -44,6 +44,7 @@ pub use balance::{BalanceOutcome, BalanceRequest};
 pub use cache::{CacheSummary, ProcSummary};
 pub use cluster::pass::{ClusterBalanceRequest, PeerMembers};
 pub use durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError};
+pub use features::check_features;
 pub use ingest::check_labels;
 pub use labels::LabelPolicy;
 pub use lease_recovery::{Loaded, Reconciled};
