@@ -116,6 +116,14 @@ impl EtcdCluster {
             .join(",")
     }
 
+    /// Each member's client address (`host:port`).
+    pub fn client_addrs(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client))
+            .collect()
+    }
+
     /// SIGKILL to member `i`.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {

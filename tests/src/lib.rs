@@ -2,6 +2,7 @@
 //! loopback with free ports, and stopped when dropped.
 
 pub mod etcd;
+pub mod partition;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -28,6 +28,9 @@ struct Rig {
     addrs: Vec<String>,
     /// Flags every replica gets on top of the rig's own.
     extra: Vec<String>,
+    /// Replicas that reach etcd through links of the test's own, by index:
+    /// their `--etcd-endpoints`.
+    via: HashMap<usize, String>,
     replicas: Vec<Option<Server>>,
     agents: Vec<Agent>,
 }
@@ -47,6 +50,7 @@ impl Rig {
             etcd,
             addrs,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            via: HashMap::new(),
             replicas: Vec::new(),
             agents: Vec::new(),
         };
@@ -58,7 +62,11 @@ impl Rig {
     }
 
     fn spawn_replica(&self, i: usize) -> Server {
-        let eps = self.etcd.endpoints();
+        let eps = self
+            .via
+            .get(&i)
+            .cloned()
+            .unwrap_or_else(|| self.etcd.endpoints());
         let id = format!("r{i}");
         let mut args = vec![
             "--grpc-addr",
@@ -623,6 +631,111 @@ where
         assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// One AllocateCpus of one CPU on `node` at replica `i`, released at once
+/// when granted (the release may fail while cut off: the lease then stays).
+async fn grant_once(rig: &Rig, i: usize, node: &str) -> Result<u64, tonic::Status> {
+    let g = rig
+        .placement(i)
+        .allocate_cpus(pb::AllocateCpusRequest {
+            node_id: node.into(),
+            count: 1,
+            holder: "partition".into(),
+            ttl_ms: 60_000,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let _ = rig
+        .placement(i)
+        .release_cpus(pb::ReleaseCpusRequest {
+            lease_id: g.lease_id,
+        })
+        .await;
+    Ok(g.lease_id)
+}
+
+#[test]
+fn a_replica_cut_off_from_etcd_stops_granting_within_its_ttl_and_rejoins_after_the_heal() {
+    let Some(bin) = etcd_or_skip("a_replica_cut_off_from_etcd") else {
+        return;
+    };
+    rt().block_on(async {
+        let mut rig = Rig::start(&bin, 3).await;
+        // r1 again, reaching etcd only through links the test can cut.
+        let mut links = Vec::new();
+        for a in rig.etcd.client_addrs() {
+            links.push(fairplace_e2e::partition::Link::open(&a).await);
+        }
+        let via: Vec<String> = links.iter().map(|l| format!("http://{}", l.addr)).collect();
+        rig.replicas[1].take().unwrap().stop();
+        rig.via.insert(1, via.join(","));
+        rig.replicas[1] = Some(rig.spawn_replica(1));
+        rig.simulate("cut", 60, 8);
+        rig.wait_fresh(0, 60, Duration::from_secs(30)).await;
+        let owners = rig.owners().await;
+        let node = owners
+            .iter()
+            .find(|(_, o)| *o == "r1")
+            .map(|(n, _)| n.clone())
+            .expect("r1 owns a node");
+        grant_once(&rig, 1, &node).await.expect("a grant at r1 before the cut");
+
+        // Cut: r1 keeps answering, and stops granting within its TTL.
+        let ttl = Duration::from_secs(TTL_S.parse().unwrap());
+        let cut = Instant::now();
+        for l in &links {
+            l.cut();
+        }
+        let mut last_grant_sent = None;
+        let mut refused = None;
+        while cut.elapsed() < ttl + Duration::from_secs(4) {
+            let sent = cut.elapsed();
+            match grant_once(&rig, 1, &node).await {
+                Ok(_) => last_grant_sent = Some(sent),
+                Err(e) => {
+                    assert_eq!(e.code(), tonic::Code::Unavailable, "refused as: {e}");
+                    refused.get_or_insert(sent);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!("cut off: last grant sent at {last_grant_sent:?}, first refusal sent at {refused:?} (TTL {ttl:?})");
+        assert!(refused.is_some(), "r1 never refused a grant while cut off");
+        if let Some(t) = last_grant_sent {
+            assert!(t < ttl, "r1 granted {t:?} after the cut, beyond its TTL {ttl:?}");
+        }
+        // Degraded, not silent: PickCpu is still answered there.
+        rig.placement(1)
+            .pick_cpu(pb::PickCpuRequest {
+                node_id: node.clone(),
+                kind: pb::RequestKind::Fork as i32,
+                ..Default::default()
+            })
+            .await
+            .expect("PickCpu at r1 while cut off");
+        assert_eq!(rig.gauge(1, "fairplace_replica_etcd_up"), 0.0);
+        assert_eq!(rig.gauge(0, "fairplace_replica_members"), 2.0, "r0 sees r1 gone");
+
+        // Heal: r1 joins again and grants again.
+        for l in &links {
+            l.heal();
+        }
+        let healed = Instant::now();
+        wait_for_async(Duration::from_secs(20), "r1 back in the set and granting", || async {
+            rig.gauge(0, "fairplace_replica_members") == 3.0
+                && rig.gauge(1, "fairplace_replica_etcd_up") == 1.0
+                && grant_once(&rig, 1, &node).await.is_ok()
+        })
+        .await;
+        eprintln!("healed: r1 grants again after {:.2} s", healed.elapsed().as_secs_f64());
+        let leases = rig.leases().await;
+        assert_no_cpu_twice(&leases);
+        let ids: Vec<u64> = leases.iter().map(|l| l["id"].as_u64().unwrap()).collect();
+        let distinct: HashSet<u64> = ids.iter().copied().collect();
+        assert_eq!(ids.len(), distinct.len(), "a lease id repeats");
+    });
 }
 
 /// What the orchestrator clients saw.
