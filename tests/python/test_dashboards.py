@@ -5,11 +5,18 @@ bad-input traffic, every panel query of every dashboard in deploy/grafana
 and every recording rule must return data, and every alert expression must
 evaluate. A panel whose query returns nothing fails with its title.
 
-Run by .ci/run (which installs prometheus) after `cargo test --workspace`.
+With etcd installed the server is a replica (dash-1) on a real single-member
+etcd (conftest.py), so the replica panels (the fairplace_replica_* series,
+which only a replica exports) return data too, and the replica alerts must
+be quiet on that healthy replica. Without etcd those checks skip, saying so
+(they fail under FAIRPLACE_REQUIRE_ETCD=1); everything else is checked alike.
+
+Run by .ci/run (which installs prometheus and etcd) after `cargo test --workspace`.
 """
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -21,7 +28,7 @@ import grpc
 import pytest
 import yaml
 
-from conftest import BIN, ROOT, free_port, start_server
+from conftest import BIN, ROOT, free_port, require_etcd, start_server
 
 SIM_NODES = 3
 DEPLOY = os.path.join(ROOT, "deploy")
@@ -37,10 +44,15 @@ def query(prom, expr):
     return get(f"http://{prom}/api/v1/query?{q}")
 
 
+def replica_only(expr):
+    """A query of the series only a replica (--etcd-endpoints) exports."""
+    return "fairplace_replica_" in expr
+
+
 @pytest.fixture(scope="module")
-def stack(stubs):
+def stack(stubs, etcd):
     assert shutil.which("prometheus"), "prometheus is not installed (apt-get install prometheus)"
-    srv, grpc_addr, metrics_url = start_server("--claim-ttl-ms", "200")
+    srv, grpc_addr, metrics_url = start_server("--claim-ttl-ms", "200", etcd=etcd, replica_id="dash-1")
     agent_metrics = f"127.0.0.1:{free_port()}"
     agent = subprocess.Popen(
         [os.path.join(BIN, "fairplace-agent"), "--server", grpc_addr, "--node-id", "dash",
@@ -151,7 +163,9 @@ def dashboards():
     return files
 
 
-def test_every_dashboard_panel_returns_data(stack):
+def check_panels(prom, replica):
+    """Queries every panel target (those of the replica panels, or all the
+    others); returns (failures, queries checked)."""
     node = "dash-sim-0"
     failures, checked = [], 0
     for path in dashboards():
@@ -160,16 +174,28 @@ def test_every_dashboard_panel_returns_data(stack):
         assert any(v.get("name") == "datasource" for v in dash["templating"]["list"]), path
         for p in panels(dash):
             for t in p.get("targets", []):
-                if not t.get("expr"):
+                if not t.get("expr") or replica_only(t["expr"]) != replica:
                     continue
                 expr = substitute(t["expr"], node)
-                r = query(stack, expr)
+                r = query(prom, expr)
                 checked += 1
                 if r["status"] != "success":
                     failures.append(f"{os.path.basename(path)}: panel {p['title']!r}: error {r.get('error')}")
                 elif not r["data"]["result"]:
                     failures.append(f"{os.path.basename(path)}: panel {p['title']!r}: no data for {expr}")
+    return failures, checked
+
+
+def test_every_dashboard_panel_returns_data(stack):
+    failures, checked = check_panels(stack, replica=False)
     assert checked >= 10, f"only {checked} panel queries found"
+    assert not failures, "\n".join(failures)
+
+
+def test_every_replica_panel_returns_data(stack, etcd):
+    require_etcd(etcd, "the replica panels (fairplace_replica_*, exported by a server on etcd)")
+    failures, checked = check_panels(stack, replica=True)
+    assert checked >= 8, f"only {checked} replica panel queries found"
     assert not failures, "\n".join(failures)
 
 
@@ -182,7 +208,7 @@ def rules():
     return out
 
 
-def test_every_recording_rule_has_data_and_every_alert_evaluates(stack):
+def test_every_recording_rule_has_data_and_every_alert_evaluates(stack, etcd):
     loaded = get(f"http://{stack}/api/v1/rules")["data"]["groups"]
     assert loaded, "prometheus loaded no rule groups"
     for g in loaded:
@@ -190,13 +216,54 @@ def test_every_recording_rule_has_data_and_every_alert_evaluates(stack):
             assert r["health"] == "ok", f"{r['name']}: {r.get('lastError')}"
     failures = []
     for r in rules():
+        # A replica's recording rule can have data only from a replica.
+        needs_data = "record" in r and (etcd is not None or not replica_only(r["expr"]))
         res = query(stack, r["expr"])
         if res["status"] != "success":
             failures.append(f"{r.get('record') or r.get('alert')}: {res.get('error')}")
-        elif "record" in r and not res["data"]["result"]:
+        elif needs_data and not res["data"]["result"]:
             failures.append(f"recording rule {r['record']}: no data")
-        elif "record" in r:
+        elif needs_data:
             # The recorded series exists too, once evaluated.
             if not query(stack, r["record"])["data"]["result"]:
                 failures.append(f"recording rule {r['record']}: not recorded")
     assert not failures, "\n".join(failures)
+
+
+def test_replica_alerts_are_quiet_on_a_healthy_replica(stack, etcd):
+    """The replica alerts evaluate on real series and stay quiet: every
+    metric they name is exported by the replica, and none of their
+    conditions holds (one member, itself the leader, owning no more nodes
+    than are registered, etcd up); none is pending or firing."""
+    require_etcd(etcd, "the replica alerts on a real replica")
+    failures = []
+    for r in rules():
+        if "alert" not in r or not replica_only(r["expr"]):
+            continue
+        for name in sorted(set(re.findall(r"fairplace_[a-z0-9_]+", r["expr"]))):
+            if not query(stack, f"count({name})")["data"]["result"]:
+                failures.append(f"{r['alert']}: no series {name} from the replica")
+        res = query(stack, r["expr"])
+        if res["status"] != "success" or res["data"]["result"]:
+            failures.append(f"{r['alert']}: {res.get('error') or res['data']['result']} on a healthy replica")
+        active = query(stack, f'ALERTS{{alertname="{r["alert"]}"}}')["data"]["result"]
+        if active:
+            failures.append(f"{r['alert']}: {active[0]['metric'].get('alertstate')} on a healthy replica")
+    assert not failures, "\n".join(failures)
+
+
+def test_every_metric_named_is_documented():
+    """Every fairplace_* metric a panel or a rule names is one that
+    docs/metrics.md lists, so a misspelt name (which a fallback such as
+    `or vector(0)` would hide) fails here."""
+    with open(os.path.join(ROOT, "docs", "metrics.md")) as f:
+        documented = set(re.findall(r"fairplace_[a-z0-9_]+", f.read()))
+    exprs = []
+    for path in dashboards():
+        with open(path) as f:
+            exprs += [(os.path.basename(path), t["expr"]) for p in panels(json.load(f))
+                      for t in p.get("targets", []) if t.get("expr")]
+    exprs += [(r.get("record") or r.get("alert"), r["expr"]) for r in rules()]
+    missing = {f"{where}: {name}" for where, e in exprs for name in re.findall(r"fairplace_[a-z0-9_]+", e)
+               if re.sub(r"_(bucket|sum|count)$", "", name) not in documented}
+    assert not missing, "\n".join(sorted(missing))

@@ -5,26 +5,31 @@ mutual TLS with certificates made by the openssl command line.
 Run by .ci/run after `cargo test --workspace` (which builds the binaries):
     python3 -m pytest tests/python
 FAIRPLACE_BIN_DIR overrides where the binaries are (default target/debug).
+With etcd installed the server is a replica on it (conftest.py): one replica
+alone owns every node, so everything here holds as for a single server, and
+it is checked with the replica certificate the server must then have.
 """
 import json
 import os
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import BIN, ROOT, Pki, start_server
+from conftest import BIN, ROOT, Pki, require_etcd, start_server
 
 
 SERVER = {}
 
 
 @pytest.fixture(scope="module")
-def server(pki):
-    srv, grpc_addr, _ = start_server(*pki.server_args(), "--health-addr", "127.0.0.1:0", words_out=SERVER)
+def server(pki, etcd):
+    srv, grpc_addr, _ = start_server(*pki.server_args(), "--health-addr", "127.0.0.1:0", words_out=SERVER,
+                                     etcd=etcd, replica_id="py-1", replica_args=pki.replica_args("py-1"))
     agent = subprocess.Popen(
         [os.path.join(BIN, "fairplace-agent"), "--server", grpc_addr, "--node-id", "py", "--interval-ms", "200",
          "--state-dir", tempfile.mkdtemp(prefix="fairplace-py-agent-"), *pki.tls_args("node", "py")],
@@ -49,6 +54,21 @@ def wait_node(stubs, channel):
             return next(n for n in nodes if n.id == "py")
         time.sleep(0.05)
     raise AssertionError("the agent's node never became fresh")
+
+
+def test_the_server_is_a_replica_on_etcd(stubs, pki, server, etcd):
+    """With etcd installed, everything in this file runs against a replica
+    (alone in its set, so it owns the agent's node) under mutual TLS."""
+    require_etcd(etcd, "the gRPC peer against a replica")
+    with channel(pki, server) as ch:
+        wait_node(stubs, ch)
+    with urllib.request.urlopen(SERVER["metrics"], timeout=5) as r:
+        series = dict(line.rsplit(" ", 1) for line in r.read().decode().splitlines()
+                      if line.startswith("fairplace_replica_") and "{" not in line)
+    assert series.get("fairplace_replica_members") == "1", series
+    assert series.get("fairplace_replica_etcd_up") == "1", series
+    assert series.get("fairplace_replica_leader") == "1", series
+    assert int(series.get("fairplace_replica_owned_nodes", "0")) >= 1, series
 
 
 def test_health_check_serves(pki, server):

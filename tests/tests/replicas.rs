@@ -738,6 +738,128 @@ fn a_replica_cut_off_from_etcd_stops_granting_within_its_ttl_and_rejoins_after_t
     });
 }
 
+/// The kernel's view of a process's allowed CPUs.
+fn cpus_allowed(pid: u32) -> String {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn the_real_agent_follows_its_node_to_the_next_owner_and_its_pinned_process_stays_pinned() {
+    let Some(bin) = etcd_or_skip("the_real_agent_follows_its_node") else {
+        return;
+    };
+    rt().block_on(async {
+        let mut rig = Rig::start(&bin, 3).await;
+        // The real agent, reading this machine, told every replica.
+        let servers = rig.addrs.join(",");
+        rig.agents.push(Agent::start(
+            &servers,
+            &[
+                "--node-id",
+                "real",
+                "--interval-ms",
+                "200",
+                "--label",
+                "zone=z1",
+                // Pid leases on any process of this machine (the test's own).
+                "--apply-cgroup-root",
+                "/sys/fs/cgroup",
+            ],
+        ));
+        rig.wait_fresh(0, 1, Duration::from_secs(30)).await;
+        let owner: usize = rig.owners().await["real"][1..].parse().unwrap();
+        let ask = (owner + 1) % 3;
+        // A real process pinned through a lease granted at another replica.
+        let mut p = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = p.id();
+        let g = rig
+            .placement(ask)
+            .allocate_cpus(pb::AllocateCpusRequest {
+                node_id: "real".into(),
+                count: 1,
+                holder: "handover".into(),
+                ttl_ms: 120_000,
+                apply: Some(pb::ApplyTarget {
+                    target: Some(pb::apply_target::Target::Pid(pid)),
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("AllocateCpus for the real node, forwarded to its owner")
+            .into_inner();
+        assert!(g.applied, "{g:?}");
+        assert_eq!(cpus_allowed(pid), g.cpus, "pinned before the handover");
+
+        // kill -9 the owner: the agent lands on the next owner.
+        let killed = Instant::now();
+        send_signal(rig.replicas[owner].as_ref().unwrap().pid(), 9);
+        rig.replicas[owner] = None;
+        let survivor = (0..3).find(|&i| i != owner).unwrap();
+        wait_for_async(
+            Duration::from_secs(15),
+            "the real node at its next owner",
+            || async {
+                rig.owners()
+                    .await
+                    .get("real")
+                    .is_some_and(|o| o != &format!("r{owner}"))
+                    && rig.fresh_nodes(survivor).await == 1
+            },
+        )
+        .await;
+        let next = rig.owners().await["real"].clone();
+        eprintln!(
+            "the real node moved from r{owner} to {next} in {:.2} s",
+            killed.elapsed().as_secs_f64()
+        );
+        // The lease came along from etcd, still applied; the process is
+        // still pinned; renew and release work at any survivor.
+        let node = rig
+            .admin(survivor)
+            .get_node(pb::GetNodeRequest {
+                node_id: "real".into(),
+            })
+            .await
+            .expect("GetNode after the handover")
+            .into_inner();
+        let l: Vec<_> = node
+            .leases
+            .iter()
+            .map(|l| (l.lease_id, l.cpus.clone(), l.applied))
+            .collect();
+        assert_eq!(
+            l,
+            vec![(g.lease_id, g.cpus.clone(), true)],
+            "the leases at {next}"
+        );
+        assert_eq!(cpus_allowed(pid), g.cpus, "pinned after the handover");
+        rig.placement(survivor)
+            .renew_lease(pb::RenewLeaseRequest {
+                lease_id: g.lease_id,
+                ttl_ms: 120_000,
+            })
+            .await
+            .expect("RenewLease after the handover");
+        rig.placement(survivor)
+            .release_cpus(pb::ReleaseCpusRequest {
+                lease_id: g.lease_id,
+            })
+            .await
+            .expect("ReleaseCpus after the handover");
+        assert!(rig.leases().await.is_empty(), "the lease is gone from etcd");
+        let _ = p.kill();
+        let _ = p.wait();
+    });
+}
+
 /// What the orchestrator clients saw.
 #[derive(Default)]
 struct Tally {
