@@ -8,8 +8,9 @@ const PROTOS: [&str; 5] = [
     "fairplace/v1/replica.proto",
 ];
 
-/// The subset of etcd's v3 API the replicas speak (`fairplace::replica`).
-const ETCD: &str = "etcd/etcdserverpb.proto";
+/// The subset of etcd's v3 API the replicas speak (`fairplace::replica`):
+/// keys, leases and watches, and the election service.
+const ETCD: [&str; 2] = ["etcd/etcdserverpb.proto", "etcd/v3election.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for p in PROTOS {
@@ -27,8 +28,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_fds(fds)?;
     // etcd's v3 API, as far as the replicas use it: clients only, with
     // tonic's own prost codec.
-    println!("cargo:rerun-if-changed={ETCD}");
-    let etcd = protox::compile([ETCD], ["etcd"])?;
+    for p in ETCD {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let etcd = protox::compile(ETCD.map(|p| p.trim_start_matches("etcd/")), ["etcd"])?;
     tonic_prost_build::configure()
         .build_server(false)
         .build_client(true)

@@ -23,9 +23,17 @@ pub mod v1 {
 
 /// etcd's v3 API, as far as fairplace's replicas use it
 /// (`proto/etcd/etcdserverpb.proto`): KV, Watch and Lease clients.
-pub mod etcd {
+pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
 }
+pub use etcdserverpb as etcd;
+
+/// etcd's election API (`proto/etcd/v3election.proto`): the balancer's
+/// election.
+pub mod v3electionpb {
+    tonic::include_proto!("v3electionpb");
+}
+pub use v3electionpb as election;
 
 /// The encoded file descriptor set of every fairplace .proto, for reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

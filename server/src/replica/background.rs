@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use fairplace_proto::etcd as pb;
 
 use super::etcd::EtcdError;
-use super::{ClaimError, Member, Redirect, Replica, Taken, observe_etcd};
+use super::{ClaimError, Member, Redirect, Replica, observe_etcd};
 use crate::metrics as m;
 use crate::store::Store;
 
@@ -322,8 +322,10 @@ impl Replica {
         Ok(rev)
     }
 
-    /// The balancer's election: the `leader` key, created where absent and
-    /// bound to the campaigner's etcd lease, so it ends with its holder.
+    /// The balancer's election, through etcd's election API: this
+    /// replica campaigns with its etcd lease, so its key (`leader/LEASE`)
+    /// ends with it and the next campaigner in line is elected. It leads
+    /// while etcd names its lease as the leader's and the lease is alive.
     async fn campaign(self: Arc<Self>) {
         let every = self.ttl / 3;
         loop {
@@ -340,18 +342,25 @@ impl Replica {
         }
     }
 
+    /// Whether this replica leads: the election's leader is its lease. A
+    /// campaign that is still waiting behind another leader ends at its
+    /// deadline: not the leader (yet).
     async fn try_lead(&self, lease: i64) -> Result<bool, EtcdError> {
-        Ok(
-            match self.take_key(self.keys.leader(), lease, "campaign").await? {
-                Taken::Created => true,
-                Taken::Held(kv) => kv.is_some_and(|kv| self.is_mine(&kv, lease)),
-            },
-        )
+        let name = self.keys.leader();
+        if let Some(kv) = self.etcd.leader(&name).await?
+            && kv.lease == lease
+        {
+            return Ok(true);
+        }
+        let t0 = Instant::now();
+        let r = self.etcd.campaign(&name, lease, self.id.as_bytes()).await;
+        observe_etcd("campaign", t0);
+        Ok(r.is_ok_and(|k| k.lease == lease))
     }
 
     /// The elected balancer's id, if any is known.
     pub async fn leader_id(&self) -> Option<String> {
-        let kv = self.etcd.get(&self.keys.leader()).await.ok()??;
+        let kv = self.etcd.leader(&self.keys.leader()).await.ok()??;
         Some(String::from_utf8_lossy(&kv.value).into_owned())
     }
 }

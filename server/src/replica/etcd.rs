@@ -1,5 +1,5 @@
 //! [`Etcd`]: the replicas' client of etcd's v3 API (keys, transactions,
-//! leases, watches) over one tonic channel balanced across the members.
+//! leases, watches, and the election service) with one channel per member.
 //!
 //! Why our own thin client: the API is four RPCs and two streams, and the
 //! crates that wrap it generate their code with a system `protoc` at build
@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use fairplace_proto::election::{self, election_client::ElectionClient};
 use fairplace_proto::etcd as pb;
 use fairplace_proto::etcd::compare::{CompareResult, CompareTarget, TargetUnion};
 use pb::kv_client::KvClient;
@@ -290,6 +291,53 @@ impl Etcd {
                 .unwrap_or_else(|_| Err(tonic::Status::unavailable("keep-alive timed out")))
         })
         .await
+    }
+
+    /// Campaigns for election `name` with etcd lease `lease`, as `value`:
+    /// the leader's key once this campaigner holds the election. A
+    /// campaigner that waits behind a leader sees its call end at the
+    /// deadline ([`CALL_TIMEOUT`]) and calls again: its key stays queued,
+    /// bound to its lease, and a repeated campaign with the same lease is
+    /// the same campaign.
+    pub async fn campaign(
+        &self,
+        name: &[u8],
+        lease: i64,
+        value: &[u8],
+    ) -> Result<election::LeaderKey, EtcdError> {
+        let req = election::CampaignRequest {
+            name: name.to_vec(),
+            lease,
+            value: value.to_vec(),
+        };
+        self.on_members(false, |ch| {
+            let req = req.clone();
+            async move {
+                let r = ElectionClient::new(ch).campaign(req).await?.into_inner();
+                r.leader
+                    .ok_or_else(|| tonic::Status::internal("a campaign answered without a key"))
+            }
+        })
+        .await
+    }
+
+    /// The leader of election `name`: its key/value, if any holds it.
+    pub async fn leader(&self, name: &[u8]) -> Result<Option<pb::KeyValue>, EtcdError> {
+        let req = election::LeaderRequest {
+            name: name.to_vec(),
+        };
+        let r = self
+            .on_members(true, |ch| {
+                let req = req.clone();
+                async move { ElectionClient::new(ch).leader(req).await }
+            })
+            .await;
+        match r {
+            Ok(r) => Ok(r.into_inner().kv),
+            // etcd answers "election: no leader" as an error.
+            Err(e) if e.0.contains("no leader") => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Watches every key under `prefix` from revision `from`; the events

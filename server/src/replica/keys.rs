@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `members/REPLICA` | the member as JSON (id, advertise address) | the replica's etcd lease |
 //! | `owners/NODE` | the owning replica's id | the owner's etcd lease |
-//! | `leader` | the balancer's replica id | the leader's etcd lease |
+//! | `leader/LEASE` | a campaigner's replica id (etcd's election API: the lowest create revision leads) | the campaigner's etcd lease |
 //! | `leases/NODE/ID` | the lease record as JSON | nothing (durable) |
 //! | `lease-ids/ID` | the lease's node | nothing |
 //! | `ended/NODE/ID` | until when the tombstone is kept (ms) | nothing |

@@ -12,7 +12,8 @@
 //!   replicas that both believe they own a node can never both commit.
 //! - **Leases** ([`log::EtcdLog`]): the lease store's etcd implementation,
 //!   each commit fenced on the owner key.
-//! - **One balancer** ([`Replica::campaign`]): the `leader` key.
+//! - **One balancer** ([`Replica::campaign`]): etcd's election API, the
+//!   election `leader`.
 //! - **Feature switches** ([`features`]): the global set and each node's
 //!   overrides, so SetFeatures means the same on every replica and a
 //!   node's overrides follow it to its next owner.
@@ -336,7 +337,7 @@ impl Replica {
     }
 
     /// Creates `key` with this replica's id, bound to `lease`, where it is
-    /// absent (an owner key, the leader key); else reads who holds it.
+    /// absent (an owner key); else reads who holds it.
     pub(crate) async fn take_key(
         &self,
         key: Vec<u8>,
