@@ -1049,10 +1049,23 @@ fn a_replica_killed_under_load_loses_no_call_no_lease_and_grants_nothing_twice()
     };
     rt().block_on(async {
         const NODES: u32 = 200;
+        // The simulated nodes and this machine's own, read by the real agent.
+        const ALL: usize = NODES as usize + 1;
         let mut rig = Rig::start(&bin, 3).await;
         rig.simulate("load", NODES, 8);
-        rig.wait_fresh(0, NODES as usize, Duration::from_secs(30))
-            .await;
+        let servers = rig.addrs.join(",");
+        rig.agents.push(Agent::start(
+            &servers,
+            &[
+                "--node-id",
+                "real",
+                "--interval-ms",
+                "200",
+                "--label",
+                "zone=z1",
+            ],
+        ));
+        rig.wait_fresh(0, ALL, Duration::from_secs(30)).await;
         let rig = Arc::new(rig);
         let live = Arc::new(std::sync::Mutex::new(vec![0usize, 1, 2]));
         let tally = Arc::new(Tally::default());
@@ -1077,9 +1090,7 @@ fn a_replica_killed_under_load_loses_no_call_no_lease_and_grants_nothing_twice()
         *live.lock().unwrap() = vec![0, 2];
         let killed = Instant::now();
         send_signal(pid, 9);
-        let fresh_in = rig
-            .wait_fresh(0, NODES as usize, Duration::from_secs(20))
-            .await;
+        let fresh_in = rig.wait_fresh(0, ALL, Duration::from_secs(20)).await;
         eprintln!(
             "r1 (owner of {r1_nodes} nodes) killed: all {NODES} nodes fresh again after {:.2} s",
             killed.elapsed().as_secs_f64()
@@ -1108,7 +1119,7 @@ fn a_replica_killed_under_load_loses_no_call_no_lease_and_grants_nothing_twice()
         );
         // Every node owned by a live replica; none by r1.
         let after = rig.owners().await;
-        assert_eq!(after.len(), NODES as usize);
+        assert_eq!(after.len(), ALL);
         assert!(after.values().all(|o| o != "r1"), "{after:?}");
         // No lease lost, no CPU twice, no id twice.
         let leases = rig.leases().await;
@@ -1128,7 +1139,7 @@ fn a_replica_killed_under_load_loses_no_call_no_lease_and_grants_nothing_twice()
         loop {
             let owners = rig.owners().await;
             let back = owners.values().filter(|o| *o == "r1").count();
-            if back * 4 >= r1_nodes * 3 && owners.len() == NODES as usize {
+            if back * 4 >= r1_nodes * 3 && owners.len() == ALL {
                 eprintln!("r1 back: owns {back} nodes again after {:?}", t0.elapsed());
                 break;
             }
@@ -1138,8 +1149,7 @@ fn a_replica_killed_under_load_loses_no_call_no_lease_and_grants_nothing_twice()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        rig.wait_fresh(1, NODES as usize, Duration::from_secs(10))
-            .await;
+        rig.wait_fresh(1, ALL, Duration::from_secs(10)).await;
         assert_no_cpu_twice(&rig.leases().await);
     });
 }
