@@ -2,6 +2,7 @@
 //! (package `etcd-server`), members on loopback with free ports and data
 //! directories of their own, killed when dropped.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -47,16 +48,38 @@ struct Member {
     child: Option<Child>,
 }
 
+/// TLS on the members' client port, with client certificates required
+/// (`--client-cert-auth`), and the client certificate the test's own
+/// client presents.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
 /// A running etcd cluster.
 pub struct EtcdCluster {
     bin: String,
     members: Vec<Member>,
     dir: StateDir,
+    tls: Option<EtcdTls>,
 }
 
 impl EtcdCluster {
     /// `n` members, started (wait for them with [`EtcdCluster::wait_healthy`]).
     pub fn start(bin: &str, n: usize) -> EtcdCluster {
+        EtcdCluster::start_with(bin, n, None)
+    }
+
+    /// `n` members serving their clients over TLS with `tls`.
+    pub fn start_tls(bin: &str, n: usize, tls: EtcdTls) -> EtcdCluster {
+        EtcdCluster::start_with(bin, n, Some(tls))
+    }
+
+    fn start_with(bin: &str, n: usize, tls: Option<EtcdTls>) -> EtcdCluster {
         let dir = StateDir::new("etcd");
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
@@ -70,6 +93,7 @@ impl EtcdCluster {
             bin: bin.to_string(),
             members,
             dir,
+            tls,
         };
         for i in 0..n {
             c.spawn(i);
@@ -89,9 +113,20 @@ impl EtcdCluster {
         let ic = self.initial_cluster();
         let m = &mut self.members[i];
         let data = format!("{}/{}", self.dir.path(), m.name);
-        let client = format!("http://127.0.0.1:{}", m.client);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client);
         let peer = format!("http://127.0.0.1:{}", m.peer);
-        let child = Command::new(&self.bin)
+        let mut cmd = Command::new(&self.bin);
+        if let Some(t) = &self.tls {
+            cmd.arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--cert-file")
+                .arg(&t.cert)
+                .arg("--key-file")
+                .arg(&t.key);
+        }
+        let child = cmd
             .args(["--name", &m.name, "--data-dir", &data])
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
@@ -111,7 +146,10 @@ impl EtcdCluster {
     pub fn endpoints(&self) -> String {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .map(|m| {
+                let scheme = if self.tls.is_some() { "https" } else { "http" };
+                format!("{scheme}://127.0.0.1:{}", m.client)
+            })
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -144,7 +182,9 @@ impl EtcdCluster {
         Etcd::connect(&EtcdSettings {
             endpoints: self.endpoints().split(',').map(str::to_string).collect(),
             prefix: "/".into(),
-            ..Default::default()
+            ca: self.tls.as_ref().map(|t| t.ca.clone()),
+            cert: self.tls.as_ref().map(|t| t.client_cert.clone()),
+            key: self.tls.as_ref().map(|t| t.client_key.clone()),
         })
         .expect("etcd client")
     }

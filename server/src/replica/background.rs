@@ -38,7 +38,18 @@ impl Replica {
             tokio::spawn(Arc::clone(self).campaign()),
             tokio::spawn(Arc::clone(self).follow_features(Arc::clone(&hooks.store))),
             tokio::spawn(Arc::clone(self).tidy(hooks)),
+            tokio::spawn(Arc::clone(self).refresh_tls()),
         ]
+    }
+
+    /// Reads the client certificates (to etcd, to the peers) again every
+    /// few seconds: they are renewed in place while the replica runs.
+    async fn refresh_tls(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(super::client_tls::RELOAD_EVERY).await;
+            self.etcd.refresh_tls();
+            self.peers.refresh_tls();
+        }
     }
 
     /// Leaves the set at once (shutdown): the etcd lease is revoked, so the

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use fairplace_proto::election::{self, election_client::ElectionClient};
 use fairplace_proto::etcd as pb;
 use fairplace_proto::etcd::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -22,7 +23,9 @@ use pb::kv_client::KvClient;
 use pb::lease_client::LeaseClient;
 use pb::watch_client::WatchClient;
 use tokio::sync::mpsc;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
+
+use super::client_tls::{ClientFiles, ClientPem, Reloading};
 
 /// How to reach etcd: `--etcd-endpoints` and its TLS files.
 #[derive(Debug, Clone, Default)]
@@ -72,7 +75,12 @@ const PAGE: i64 = 5_000;
 /// member that answers.
 #[derive(Clone)]
 pub struct Etcd {
-    members: Arc<[Channel]>,
+    endpoints: Arc<[String]>,
+    /// The TLS files, read again while the replica runs
+    /// ([`super::client_tls`]); `None` over plaintext.
+    tls: Option<Arc<Reloading>>,
+    /// One channel per member, remade when the TLS files change.
+    members: Arc<ArcSwap<Vec<Channel>>>,
     current: Arc<AtomicUsize>,
     pub prefix: String,
 }
@@ -108,33 +116,34 @@ impl Etcd {
         if s.endpoints.is_empty() {
             return Err(EtcdError("--etcd-endpoints: no endpoint given".into()));
         }
-        let tls = tls_config(s)?;
-        let mut members = Vec::with_capacity(s.endpoints.len());
-        for url in &s.endpoints {
-            let mut e = Endpoint::from_shared(url.clone())
-                .map_err(|e| EtcdError(format!("--etcd-endpoints: {url}: {e}")))?
-                .connect_timeout(Duration::from_secs(1))
-                .timeout(CALL_TIMEOUT)
-                .http2_keep_alive_interval(Duration::from_secs(1))
-                .keep_alive_timeout(Duration::from_secs(2))
-                .keep_alive_while_idle(true);
-            if url.starts_with("https://") {
-                let t = tls.clone().ok_or_else(|| {
-                    EtcdError(format!(
-                        "--etcd-endpoints: {url} is https but no --etcd-tls-ca is given"
-                    ))
-                })?;
-                e = e
-                    .tls_config(t)
-                    .map_err(|e| EtcdError(format!("--etcd-tls-*: {e}")))?;
-            }
-            members.push(e.connect_lazy());
-        }
+        let tls = match tls_files(s)? {
+            Some(f) => Some(Arc::new(
+                Reloading::load(f).map_err(|e| EtcdError(format!("--etcd-tls-*: {e}")))?,
+            )),
+            None => None,
+        };
+        let pem = tls.as_ref().map(|t| t.current());
+        let members = channels(&s.endpoints, pem.as_deref())?;
         Ok(Etcd {
-            members: members.into(),
+            endpoints: s.endpoints.clone().into(),
+            tls,
+            members: Arc::new(ArcSwap::from_pointee(members)),
             current: Arc::new(AtomicUsize::new(0)),
             prefix: s.prefix.clone(),
         })
+    }
+
+    /// Reads the TLS files again; when they changed, the calls made from
+    /// now on go over new connections that present them.
+    pub fn refresh_tls(&self) {
+        let Some(t) = &self.tls else { return };
+        if !t.refresh("etcd") {
+            return;
+        }
+        match channels(&self.endpoints, Some(&t.current())) {
+            Ok(m) => self.members.store(Arc::new(m)),
+            Err(e) => tracing::warn!(error = %e, "etcd channels with the new TLS files"),
+        }
     }
 
     /// `PREFIX` + `rest`.
@@ -150,12 +159,13 @@ impl Etcd {
         F: FnMut(Channel) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
-        let n = self.members.len();
+        let members = self.members.load_full();
+        let n = members.len();
         let first = self.current.load(Ordering::Relaxed);
         let mut last = None;
         for k in 0..n {
             let i = (first + k) % n;
-            match call(self.members[i].clone()).await {
+            match call(members[i].clone()).await {
                 Ok(v) => {
                     if k > 0 {
                         self.current.store(i, Ordering::Relaxed);
@@ -391,7 +401,7 @@ impl Etcd {
     }
 }
 
-fn tls_config(s: &EtcdSettings) -> Result<Option<ClientTlsConfig>, EtcdError> {
+fn tls_files(s: &EtcdSettings) -> Result<Option<ClientFiles>, EtcdError> {
     let Some(ca) = &s.ca else {
         if s.cert.is_some() || s.key.is_some() {
             return Err(EtcdError(
@@ -400,26 +410,46 @@ fn tls_config(s: &EtcdSettings) -> Result<Option<ClientTlsConfig>, EtcdError> {
         }
         return Ok(None);
     };
-    let read = |p: &std::path::Path, flag: &str| {
-        std::fs::read(p).map_err(|e| EtcdError(format!("{flag} {}: {e}", p.display())))
-    };
-    let mut t =
-        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca, "--etcd-tls-ca")?));
-    match (&s.cert, &s.key) {
-        (Some(c), Some(k)) => {
-            t = t.identity(Identity::from_pem(
-                read(c, "--etcd-tls-cert")?,
-                read(k, "--etcd-tls-key")?,
-            ))
-        }
-        (None, None) => {}
+    let identity = match (&s.cert, &s.key) {
+        (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+        (None, None) => None,
         _ => {
             return Err(EtcdError(
                 "--etcd-tls-cert and --etcd-tls-key go together".into(),
             ));
         }
+    };
+    Ok(Some(ClientFiles {
+        ca: ca.clone(),
+        identity,
+    }))
+}
+
+/// One lazily connected channel per endpoint, over TLS with `pem` when
+/// given (an https endpoint needs it).
+fn channels(endpoints: &[String], pem: Option<&ClientPem>) -> Result<Vec<Channel>, EtcdError> {
+    let mut members = Vec::with_capacity(endpoints.len());
+    for url in endpoints {
+        let mut e = Endpoint::from_shared(url.clone())
+            .map_err(|e| EtcdError(format!("--etcd-endpoints: {url}: {e}")))?
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(CALL_TIMEOUT)
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(2))
+            .keep_alive_while_idle(true);
+        if url.starts_with("https://") {
+            let t = pem.ok_or_else(|| {
+                EtcdError(format!(
+                    "--etcd-endpoints: {url} is https but no --etcd-tls-ca is given"
+                ))
+            })?;
+            e = e
+                .tls_config(t.config())
+                .map_err(|e| EtcdError(format!("--etcd-tls-*: {e}")))?;
+        }
+        members.push(e.connect_lazy());
     }
-    Ok(Some(t))
+    Ok(members)
 }
 
 /// `key` exists no more (or never did): its create revision is 0.

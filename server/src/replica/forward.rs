@@ -15,7 +15,9 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tonic::Status;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
+
+use super::client_tls::{ClientFiles, Reloading};
 
 /// The metadata key naming the caller a forwarded call is made for: its
 /// SPIFFE ID, or "anonymous".
@@ -33,15 +35,37 @@ pub struct PeerTls {
 
 /// One lazily connected channel per peer address.
 pub struct Peers {
-    tls: Option<PeerTls>,
+    /// The peer certificate and CA, read again while the replica runs
+    /// ([`super::client_tls`]); `None` over plaintext.
+    tls: Option<Reloading>,
     channels: DashMap<String, Channel>,
 }
 
 impl Peers {
-    pub fn new(tls: Option<PeerTls>) -> Peers {
-        Peers {
+    /// The peers' client; an error names the TLS file that is unusable.
+    pub fn new(tls: Option<PeerTls>) -> Result<Peers, String> {
+        let tls = match tls {
+            Some(t) => Some(Reloading::load(ClientFiles {
+                ca: t.ca,
+                identity: Some((t.cert, t.key)),
+            })?),
+            None => None,
+        };
+        Ok(Peers {
             tls,
             channels: DashMap::new(),
+        })
+    }
+
+    /// Reads the TLS files again; when they changed, the channels are
+    /// remade as they are next used (calls in flight keep theirs).
+    pub fn refresh_tls(&self) {
+        if self
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.refresh("replica peers"))
+        {
+            self.channels.clear();
         }
     }
 
@@ -59,15 +83,9 @@ impl Peers {
             .keep_alive_timeout(Duration::from_secs(5))
             .keep_alive_while_idle(true);
         if let Some(t) = &self.tls {
-            let read = |p: &PathBuf| {
-                std::fs::read(p).map_err(|e| unavailable(format!("{}: {e}", p.display())))
-            };
             let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
             let host = host.trim_start_matches('[').trim_end_matches(']');
-            let cfg = ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(read(&t.ca)?))
-                .identity(Identity::from_pem(read(&t.cert)?, read(&t.key)?))
-                .domain_name(host.to_string());
+            let cfg = t.current().config().domain_name(host.to_string());
             ep = ep.tls_config(cfg).map_err(|e| unavailable(e.to_string()))?;
         }
         let ch = ep.connect_lazy();

@@ -25,6 +25,7 @@
 //! feature switches do.
 
 pub mod aggregates;
+pub mod client_tls;
 pub mod etcd;
 pub mod features;
 pub mod forward;
@@ -157,7 +158,8 @@ impl Replica {
             leader: AtomicBool::new(false),
             streams: DashMap::new(),
             node_features: DashMap::new(),
-            peers: forward::Peers::new(cfg.peer_tls.clone()),
+            peers: forward::Peers::new(cfg.peer_tls.clone())
+                .map_err(|e| EtcdError(format!("--replica-tls-*/--peer-ca: {e}")))?,
         });
         let deadline = Instant::now() + start_timeout;
         loop {
