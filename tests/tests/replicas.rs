@@ -139,6 +139,19 @@ impl Rig {
             })
     }
 
+    /// grpc.health.v1 status of `service` at replica `i` (1 SERVING,
+    /// 2 NOT_SERVING).
+    async fn health(&self, i: usize, service: &str) -> i32 {
+        tonic_health::pb::health_client::HealthClient::new(self.channel(i))
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("health check of {service:?} at r{i}: {e}"))
+            .into_inner()
+            .status
+    }
+
     /// The nodes ListNodes at replica `i` shows fresh.
     async fn fresh_nodes(&self, i: usize) -> usize {
         match self.admin(i).list_nodes(pb::ListNodesRequest {}).await {
@@ -717,6 +730,9 @@ fn a_replica_cut_off_from_etcd_stops_granting_within_its_ttl_and_rejoins_after_t
             .expect("PickCpu at r1 while cut off");
         assert_eq!(rig.gauge(1, "fairplace_replica_etcd_up"), 0.0);
         assert_eq!(rig.gauge(0, "fairplace_replica_members"), 2.0, "r0 sees r1 gone");
+        // Health says so: leases NOT_SERVING, the server itself SERVING.
+        assert_eq!(rig.health(1, "fairplace.leases").await, 2, "fairplace.leases while cut off");
+        assert_eq!(rig.health(1, "").await, 1, "the server while cut off");
 
         // Heal: r1 joins again and grants again.
         for l in &links {
@@ -730,6 +746,10 @@ fn a_replica_cut_off_from_etcd_stops_granting_within_its_ttl_and_rejoins_after_t
         })
         .await;
         eprintln!("healed: r1 grants again after {:.2} s", healed.elapsed().as_secs_f64());
+        wait_for_async(Duration::from_secs(5), "fairplace.leases SERVING again", || async {
+            rig.health(1, "fairplace.leases").await == 1
+        })
+        .await;
         let leases = rig.leases().await;
         assert_no_cpu_twice(&leases);
         let ids: Vec<u64> = leases.iter().map(|l| l["id"].as_u64().unwrap()).collect();

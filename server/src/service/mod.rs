@@ -233,7 +233,7 @@ pub async fn serve_replicated(
 
     let sweeper = tokio::spawn(housekeeping(Arc::clone(&store), cfg.ready.clone()));
     let lease_expiry = allocate::spawn_expiry(Arc::clone(&store), hub);
-    let (replica_loops, peers) = start_replica(replicated.as_ref(), &store, max);
+    let (replica_loops, peers) = start_replica(replicated.as_ref(), &store, &health, max);
 
     // One set of stream caps for both ports: they are totals.
     let stream_limits = layers::StreamLimitLayer::new(cfg.streams);
@@ -356,7 +356,38 @@ async fn serving_health() -> (
     health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+    health
+        .set_service_status(LEASES_HEALTH, tonic_health::ServingStatus::Serving)
+        .await;
     (health, service)
+}
+
+/// The health service name that says whether this server grants, renews
+/// and releases leases now: always for one server; for a replica, while
+/// its etcd lease is alive. The server as a whole (service "") stays
+/// SERVING without etcd: placements go on, and a probe on "" must not
+/// restart every replica through an etcd outage.
+pub const LEASES_HEALTH: &str = "fairplace.leases";
+
+/// Keeps [`LEASES_HEALTH`] in step with the replica's standing in etcd.
+async fn report_lease_health(
+    replica: Arc<crate::replica::Replica>,
+    health: tonic_health::server::HealthReporter,
+) {
+    let mut was = None;
+    loop {
+        let up = replica.live_lease().is_some();
+        if was != Some(up) {
+            let status = if up {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            health.set_service_status(LEASES_HEALTH, status).await;
+            was = Some(up);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// A replica's loops (membership, ownership, the balancer's election, the
@@ -365,6 +396,7 @@ async fn serving_health() -> (
 fn start_replica(
     replicated: Option<&route::Replicated>,
     store: &Arc<Store>,
+    health: &tonic_health::server::HealthReporter,
     max_message_bytes: usize,
 ) -> (
     Vec<tokio::task::JoinHandle<()>>,
@@ -381,6 +413,10 @@ fn start_replica(
     loops.push(tokio::spawn(
         Arc::clone(&r.replica).follow_aggregates(Arc::clone(store)),
     ));
+    loops.push(tokio::spawn(report_lease_health(
+        Arc::clone(&r.replica),
+        health.clone(),
+    )));
     let svc = ReplicaServiceServer::new(peers::Peers {
         publisher,
         store: Arc::clone(store),
