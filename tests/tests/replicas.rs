@@ -503,7 +503,6 @@ fn a_cluster_balance_sees_every_replicas_nodes_and_claims_at_their_owners() {
             .admin(cold_at)
             .get_node(pb::GetNodeRequest {
                 node_id: cold_name.clone(),
-                ..Default::default()
             })
             .await
             .expect("GetNode at the owner")
