@@ -5,6 +5,7 @@
 pub mod engine;
 pub mod metrics;
 pub mod offline;
+pub mod pem;
 pub mod replica;
 pub use fairplace_types::quote;
 pub mod service;

@@ -16,11 +16,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use rustls::pki_types::PrivateKeyDer;
-use rustls::pki_types::pem::PemObject;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-use crate::service::tls::pem_certs;
+use crate::pem::{pem_certs, pem_key};
 
 /// How often the files are read again.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(5);
@@ -52,8 +50,7 @@ impl ClientFiles {
             Some((cert, key)) => {
                 let (c, k) = (read(cert)?, read(key)?);
                 pem_certs(&c, cert)?;
-                PrivateKeyDer::from_pem_slice(&k)
-                    .map_err(|e| format!("{}: no usable PEM private key: {e}", key.display()))?;
+                pem_key(&k, key)?;
                 Some((c, k))
             }
         };

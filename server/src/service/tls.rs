@@ -23,8 +23,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::net::TcpStream;
@@ -32,6 +30,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::identity::Peer;
 use crate::metrics as m;
+use crate::pem::{pem_certs, pem_key};
 
 /// Where the server's TLS material lives and how it is watched.
 #[derive(Debug, Clone)]
@@ -84,24 +83,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Every certificate of a PEM bundle; an empty bundle is an error.
-pub fn pem_certs(
-    bytes: &[u8],
-    what: &std::path::Path,
-) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(bytes)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{}: {e}", what.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no PEM certificate in it", what.display()));
-    }
-    Ok(certs)
-}
-
 fn build(s: &TlsSettings, mat: &Material) -> Result<ServerConfig, String> {
     let certs = pem_certs(&mat.cert, &s.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(&mat.key)
-        .map_err(|e| format!("{}: no usable PEM private key: {e}", s.key.display()))?;
+    let key = pem_key(&mat.key, &s.key)?;
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS versions: {e}"))?;
