@@ -17,8 +17,9 @@ python3 -c 'import kubernetes_validate, yaml, compose_spec, celpy' 2>/dev/null &
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 echo "[]" > "$tmp/targets.json"
 
-echo "== Dockerfile (hadolint)"
+echo "== Dockerfiles (hadolint)"
 hadolint Dockerfile
+hadolint Dockerfile.etcd
 
 echo "== compose.yaml (compose-spec)"
 python3 - <<'PY'
@@ -68,11 +69,12 @@ echo "== mutual TLS: cert-manager resources and the TLS wiring"
 # kubernetes-validate has no schema for cert-manager's kinds (it only
 # warns), so they are checked here against the fields cert-manager's v1 CRDs
 # define (strict: an unknown or misspelt field fails), and the wiring
-# between the manifests is checked: paths, Secrets, issuers, the trust
-# domain, and probes on the plaintext health-only port.
+# between the manifests is checked: paths, Secrets and csi volumes, issuers
+# (etcd's CA apart), the replicas' and etcd's flags, the trust domain, and
+# probes on the plaintext health-only port.
 python3 tls_check.py
 
-echo "== the agents' admission guard (its CEL evaluated on the DaemonSet's pod and forged ones)"
+echo "== the admission guards (agents' and replicas' certificates: their CEL on the controllers' pods and forged ones)"
 python3 admission_check.py
 
 echo "== Grafana dashboards"
