@@ -341,6 +341,50 @@ impl Client {
         .await
     }
 
+    /// PickCpus: every request of `requests` on one stream, answered in
+    /// order (`seq` from 0), each as PickCpu would answer it. The stream
+    /// has no deadline (it lasts as long as `requests`); the server ends
+    /// one that stays silent for two minutes.
+    pub async fn pick_cpus_stream<S>(
+        &self,
+        requests: S,
+    ) -> Result<tonic::Streaming<pb::PickCpusAnswer>, Status>
+    where
+        S: tokio_stream::Stream<Item = pb::PickCpuRequest> + Send + 'static,
+    {
+        let mut r = self.request(requests);
+        // The deadline is per call; this call is the whole stream.
+        r.metadata_mut().remove("grpc-timeout");
+        let mut c = self.placement.clone();
+        c.pick_cpus(r).await.map(|r| r.into_inner())
+    }
+
+    /// PickCpus for a batch: each request's answer or error, in order.
+    pub async fn pick_cpus(
+        &self,
+        requests: Vec<pb::PickCpuRequest>,
+    ) -> Result<Vec<Result<pb::PickCpuResponse, Status>>, Status> {
+        let n = requests.len();
+        let mut answers = self.pick_cpus_stream(tokio_stream::iter(requests)).await?;
+        let mut out = Vec::with_capacity(n);
+        while let Some(a) = answers.message().await? {
+            out.push(match a.result {
+                Some(pb::pick_cpus_answer::Result::Ok(r)) => Ok(r),
+                Some(pb::pick_cpus_answer::Result::Error(e)) => {
+                    Err(Status::new(tonic::Code::from(e.code), e.message))
+                }
+                None => Err(Status::internal("an answer without a result")),
+            });
+        }
+        if out.len() != n {
+            return Err(Status::unavailable(format!(
+                "the stream ended after {} of {n} answers",
+                out.len()
+            )));
+        }
+        Ok(out)
+    }
+
     /// The no-op call (the framework's own cost, for benchmarks).
     pub async fn ping(&self) -> Result<(), Status> {
         let mut c = self.admin.clone();

@@ -179,6 +179,10 @@ struct ServeArgs {
     /// Server reflection streams open at once.
     #[arg(long, default_value_t = StreamCaps::default().reflection, value_parser = positive_usize)]
     max_reflection_streams: usize,
+    /// PlacementService.PickCpus streams open at once; more are refused
+    /// with RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = StreamCaps::default().pick, value_parser = positive_usize)]
+    max_pick_streams: usize,
     /// A new connection must send the HTTP/2 preface within this long (ms).
     #[arg(long, default_value_t = 10_000, value_parser = positive_u64)]
     preface_timeout_ms: u64,
@@ -428,6 +432,7 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
             agent: a.max_agent_streams,
             health_watch: a.max_health_watches,
             reflection: a.max_reflection_streams,
+            pick: a.max_pick_streams,
         },
         max_pending_registrations: a.max_pending_registrations,
         heavy_workers,

@@ -52,6 +52,7 @@ fn placement() -> Placement {
         heavy: HeavyPool::new(1, 4),
         hub: Arc::new(LeaseHub::default()),
         replicated: None,
+        stopping: tokio::sync::watch::channel(false).1,
     }
 }
 

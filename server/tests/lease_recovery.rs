@@ -73,6 +73,7 @@ fn open_with(dir: &Dir, config: StoreConfig) -> Placement {
         heavy: HeavyPool::new(1, 4),
         hub: Arc::new(LeaseHub::default()),
         replicated: None,
+        stopping: tokio::sync::watch::channel(false).1,
     }
 }
 

@@ -1,5 +1,5 @@
 """An independent gRPC peer: Python stubs generated from the .proto files call
-PickCpu, Decide and the health check against the real server and agent, over
+PickCpu, PickCpus, Decide and the health check against the real server and agent, over
 mutual TLS with certificates made by the openssl command line.
 
 Run by .ci/run after `cargo test --workspace` (which builds the binaries):
@@ -136,6 +136,40 @@ def test_pick_cpu_on_the_agents_node(stubs, pki, server):
             p.PickCpu(pl.PickCpuRequest(node_id="py", task=t, this_cpu=100000), timeout=2)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert e.value.details().startswith("this_cpu:")
+
+
+def test_pick_cpus_answers_each_request_in_order_as_pick_cpu_would(stubs, pki, server):
+    """PickCpus from a peer of another language: every request answered in
+    order, a bad one with its own error and the stream going on, and the
+    answers the unary call gives for the same requests."""
+    with channel(pki, server) as ch:
+        node = wait_node(stubs, ch)
+        p = stubs["placement_grpc"].PlacementServiceStub(ch)
+        pl, ty = stubs["placement"], stubs["types"]
+        good = pl.PickCpuRequest(node_id="py", task=ty.Task(prev_cpu=0), kind=pl.REQUEST_KIND_WAKEUP, this_cpu=0)
+        bad = pl.PickCpuRequest(node_id="py", task=ty.Task(prev_cpu=0), this_cpu=100000)
+        missing = pl.PickCpuRequest(node_id="no-such-node", kind=pl.REQUEST_KIND_FORK)
+        reqs = [good, bad, good, missing] + [good] * 96
+        answers = list(p.PickCpus(iter(reqs), timeout=10))
+        assert [a.seq for a in answers] == list(range(len(reqs)))
+        assert answers[1].WhichOneof("result") == "error"
+        assert answers[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert answers[1].error.message.startswith("this_cpu:")
+        assert answers[3].error.code == grpc.StatusCode.NOT_FOUND.value[0]
+        unary = p.PickCpu(good, timeout=2)
+        oks = answers[:1] + answers[2:3] + answers[4:]
+        for a in oks:
+            assert a.WhichOneof("result") == "ok"
+            assert a.ok.cpu < node.cpus
+        # On the same state (the agent reports every 200 ms), the same answer.
+        for a in oks:
+            if a.ok.state_version == unary.state_version:
+                assert (a.ok.cpu, a.ok.path) == (unary.cpu, unary.path)
+        # A node certificate may not use it, as it may not use PickCpu.
+    with channel(pki, server, role="node", name="py") as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            list(stubs["placement_grpc"].PlacementServiceStub(ch).PickCpus(iter([good]), timeout=2))
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_decide_matches_the_expected_answers(stubs, pki, server):

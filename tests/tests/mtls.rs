@@ -261,6 +261,7 @@ fn expected(role: &str, method: &str) -> bool {
         "orchestrator" => matches!(
             method,
             "/fairplace.v1.PlacementService/PickCpu"
+                | "/fairplace.v1.PlacementService/PickCpus"
                 | "/fairplace.v1.PlacementService/CanMigrate"
                 | "/fairplace.v1.PlacementService/Decide"
                 | "/fairplace.v1.PlacementService/Balance"
@@ -316,7 +317,7 @@ fn every_rpc_for_every_role() {
     let pki = TestPki::new();
     let server = mtls_server(&pki, &[]);
     let methods = all_methods();
-    assert_eq!(methods.len(), 21, "{methods:?}");
+    assert_eq!(methods.len(), 22, "{methods:?}");
     let mut table: BTreeMap<(String, &str), Code> = BTreeMap::new();
     rt().block_on(async {
         for role in ["node", "orchestrator", "admin", "replica"] {

@@ -187,6 +187,75 @@ fn sixty_four_claimed_forks_without_idle_stamps_spread_over_the_idle_cpus() {
 }
 
 #[test]
+fn pick_cpus_answers_in_order_as_pick_cpu_does_and_errors_do_not_end_the_stream() {
+    let server = Server::start(&["--claim-ttl-ms", "60000", "--max-pick-streams", "2"]);
+    rt().block_on(async {
+        let mut r = Reporter::register(&server.grpc, "big", topology(1, 1, 32, 2))
+            .await
+            .unwrap();
+        r.update(1, true, states(64, &[0, 1, 2]), "big")
+            .await
+            .unwrap();
+        let c = Client::connect(&server.grpc).await.unwrap();
+        // The unary call and the stream agree on the same unclaimed request.
+        let unary = c.pick_cpu(wakeup("big", 0, 0, false)).await.unwrap();
+        // 61 claimed wakeups (one per idle CPU), with two bad requests among
+        // them, on one stream.
+        let mut reqs: Vec<pb::PickCpuRequest> =
+            (0..61u32).map(|i| wakeup("big", i, i, true)).collect();
+        reqs.insert(10, wakeup("big", 1000, 0, true));
+        reqs.insert(20, wakeup("nowhere", 0, 0, true));
+        reqs.insert(0, wakeup("big", 0, 0, false));
+        let answers = c.pick_cpus(reqs).await.expect("the stream");
+        assert_eq!(answers.len(), 64);
+        let first = answers[0].as_ref().unwrap();
+        assert_eq!(
+            (first.cpu, first.path.as_str(), first.scanned),
+            (unary.cpu, unary.path.as_str(), unary.scanned)
+        );
+        let e = answers[11].as_ref().unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        assert!(e.message().starts_with("this_cpu:"), "{e}");
+        assert_eq!(answers[21].as_ref().unwrap_err().code(), Code::NotFound);
+        // The claims hold across the stream: every idle CPU once.
+        let mut cpus: Vec<u32> = answers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ![0, 11, 21].contains(i))
+            .map(|(_, a)| a.as_ref().unwrap().cpu)
+            .collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        assert_eq!(
+            cpus.len(),
+            61,
+            "claimed picks on one stream must be distinct: {cpus:?}"
+        );
+        assert!(cpus.iter().all(|c| *c > 2), "a busy CPU chosen: {cpus:?}");
+        let node = c.get_node("big").await.unwrap();
+        assert_eq!(node.claims.values().sum::<u32>(), 61);
+        // The streams open at once are capped: a third is refused at once.
+        let (_tx1, rx1) = tokio::sync::mpsc::channel::<pb::PickCpuRequest>(1);
+        let (_tx2, rx2) = tokio::sync::mpsc::channel::<pb::PickCpuRequest>(1);
+        let (_tx3, rx3) = tokio::sync::mpsc::channel::<pb::PickCpuRequest>(1);
+        let _s1 = c
+            .pick_cpus_stream(tokio_stream::wrappers::ReceiverStream::new(rx1))
+            .await
+            .unwrap();
+        let _s2 = c
+            .pick_cpus_stream(tokio_stream::wrappers::ReceiverStream::new(rx2))
+            .await
+            .unwrap();
+        let e = c
+            .pick_cpus_stream(tokio_stream::wrappers::ReceiverStream::new(rx3))
+            .await
+            .expect_err("a third stream over --max-pick-streams 2");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        assert!(e.message().contains("--max-pick-streams"), "{e}");
+    });
+}
+
+#[test]
 fn claims_end_with_their_ttl() {
     let server = Server::start(&["--claim-ttl-ms", "100"]);
     rt().block_on(async {

@@ -695,6 +695,11 @@ async fn main() {
                     plain.pick.1,
                     tls.pick.1,
                 );
+                println!(
+                    "pick_cpus/pick_cpu over mutual TLS {:.2} (plaintext {:.2})",
+                    tls.stream.0 / tls.pick.0,
+                    plain.stream.0 / plain.pick.0,
+                );
             }
         }
         Cmd::Ingest {
@@ -847,6 +852,8 @@ async fn main() {
 struct RpcResult {
     ping: (f64, f64),
     pick: (f64, f64),
+    /// PickCpus: one stream per connection, as many requests in flight.
+    stream: (f64, f64),
 }
 
 async fn rpc(
@@ -881,10 +888,86 @@ async fn rpc(
     }
     let ratio = results[1].0 / results[0].0;
     println!("pick_cpu / ping throughput: {ratio:.2}");
+    let (all, errors, secs) = stream_phase(&clients, concurrency, seconds, claim).await;
+    let rps = print_phase("pick_cpus (stream)", &all, errors, secs);
+    let stream = (rps, pct(&all, 0.5));
+    println!(
+        "pick_cpus / pick_cpu throughput: {:.2}; pick_cpus / ping: {:.2}",
+        stream.0 / results[1].0,
+        stream.0 / results[0].0
+    );
     RpcResult {
         ping: results[0],
         pick: results[1],
+        stream,
     }
+}
+
+/// PickCpus: one stream per client connection, `concurrency` requests in
+/// flight in all (as the unary phases have callers), each answer's
+/// latency from its request's send.
+async fn stream_phase(
+    clients: &[Client],
+    concurrency: usize,
+    seconds: u64,
+    claim: bool,
+) -> (Histogram<u64>, u64, f64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let window = (concurrency / clients.len()).max(1);
+    let mut tasks = Vec::new();
+    for (k, c) in clients.iter().enumerate() {
+        let (c, stop, stride) = (c.clone(), Arc::clone(&stop), clients.len());
+        tasks.push(tokio::spawn(async move {
+            let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+            let mut errors = 0u64;
+            let (tx, rx) = mpsc::channel(window);
+            let Ok(mut answers) = c.pick_cpus_stream(ReceiverStream::new(rx)).await else {
+                return (h, 1);
+            };
+            let mut sent = std::collections::VecDeque::with_capacity(window);
+            let mut i = k;
+            let next = |i: &mut usize| {
+                *i += stride;
+                pb::PickCpuRequest {
+                    claim,
+                    ..wakeup_on_load(*i)
+                }
+            };
+            for _ in 0..window {
+                let _ = tx.send(next(&mut i)).await;
+                sent.push_back(Instant::now());
+            }
+            while let Ok(Some(a)) = answers.message().await {
+                let t0 = sent.pop_front().expect("an answer per request");
+                match a.result {
+                    Some(pb::pick_cpus_answer::Result::Ok(_)) => {
+                        h.record(t0.elapsed().as_nanos() as u64).unwrap()
+                    }
+                    _ => errors += 1,
+                }
+                if stop.load(Ordering::Relaxed) {
+                    if sent.is_empty() {
+                        break;
+                    }
+                    continue;
+                }
+                let _ = tx.send(next(&mut i)).await;
+                sent.push_back(Instant::now());
+            }
+            (h, errors)
+        }));
+    }
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    let mut errors = 0;
+    for t in tasks {
+        let (h, e) = t.await.unwrap();
+        all.add(h).unwrap();
+        errors += e;
+    }
+    (all, errors, t0.elapsed().as_secs_f64())
 }
 
 /// A Decide scenario on 4,096 CPUs, each its own core and LLC, in 256

@@ -102,7 +102,8 @@ struct PickArgs {
     /// Count the chosen CPU as busy until the next report.
     #[arg(long)]
     claim: bool,
-    /// Ask this many times (with --claim: distinct CPUs while idle ones last).
+    /// Ask this many times, on one PickCpus stream (with --claim: distinct
+    /// CPUs while idle ones last).
     #[arg(long, default_value_t = 1)]
     count: u32,
     #[command(flatten)]
@@ -423,10 +424,18 @@ async fn pick_cmd(cli: &Cli, args: &PickArgs) -> Result<(), String> {
         claim: *claim,
         ..Default::default()
     };
+    // More than one: all on one PickCpus stream, answered in order.
+    let answers = if *count > 1 {
+        c.pick_cpus(vec![req; *count as usize])
+            .await
+            .map_err(status)?
+    } else {
+        vec![c.pick_cpu(req).await]
+    };
     let mut rows = Vec::new();
     let mut out = Vec::new();
-    for _ in 0..*count {
-        let r = c.pick_cpu(req.clone()).await.map_err(status)?;
+    for r in answers {
+        let r = r.map_err(status)?;
         rows.push(vec![
             r.cpu.to_string(),
             r.path.clone(),

@@ -8,7 +8,7 @@
 //! | role | may call |
 //! |---|---|
 //! | `node/NAME` | AgentService/Report, for node NAME only |
-//! | `orchestrator/NAME` | PickCpu (claims counted for NAME), AllocateCpus, ReleaseCpus, RenewLease, CanMigrate, Decide, Balance without apply, ListNodes, GetNode, GetFeatures, GetCache, Ping |
+//! | `orchestrator/NAME` | PickCpu and PickCpus (claims counted for NAME), AllocateCpus, ReleaseCpus, RenewLease, CanMigrate, Decide, Balance without apply, ListNodes, GetNode, GetFeatures, GetCache, Ping |
 //! | `admin/NAME` | everything, SetFeatures and Balance with apply included |
 //!
 //! Health and reflection are open to every identified caller. A certificate
@@ -80,6 +80,10 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         path: "/fairplace.v1.PlacementService/PickCpu",
+        roles: ORCH_ADMIN,
+    },
+    Rule {
+        path: "/fairplace.v1.PlacementService/PickCpus",
         roles: ORCH_ADMIN,
     },
     Rule {

@@ -134,6 +134,8 @@ pub struct StreamCaps {
     pub health_watch: usize,
     /// Server reflection streams.
     pub reflection: usize,
+    /// PlacementService.PickCpus streams (a scheduler holds one or a few).
+    pub pick: usize,
 }
 
 impl Default for StreamCaps {
@@ -145,6 +147,7 @@ impl Default for StreamCaps {
             // A probe or a mesh sidecar each hold one.
             health_watch: 256,
             reflection: 64,
+            pick: 1024,
         }
     }
 }
@@ -163,7 +166,7 @@ struct StreamPool {
 /// gRPC and health ports, so the caps are totals.
 #[derive(Clone)]
 pub struct StreamLimitLayer {
-    pools: Arc<[StreamPool; 3]>,
+    pools: Arc<[StreamPool; 4]>,
 }
 
 impl StreamLimitLayer {
@@ -194,6 +197,12 @@ impl StreamLimitLayer {
                     "server busy: the limit of open reflection streams (--max-reflection-streams) is reached, retry later",
                     caps.reflection,
                 ),
+                pool(
+                    "pick",
+                    "pick_streams",
+                    "server busy: the limit of open PickCpus streams (--max-pick-streams) is reached; use PickCpu, or retry later",
+                    caps.pick,
+                ),
             ]),
         }
     }
@@ -205,6 +214,7 @@ impl StreamLimitLayer {
             "/grpc.health.v1.Health/Watch" => 1,
             "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
             | "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo" => 2,
+            "/fairplace.v1.PlacementService/PickCpus" => 3,
             _ => return None,
         };
         Some(&self.pools[i])

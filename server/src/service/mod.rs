@@ -13,6 +13,7 @@ pub mod layers;
 pub mod lease_hub;
 pub mod listener;
 pub mod peers;
+mod pick_stream;
 pub mod placement;
 pub mod route;
 pub mod tls;
@@ -208,6 +209,7 @@ pub async fn serve_replicated(
         heavy: heavy.clone(),
         hub: Arc::clone(&hub),
         replicated: replicated.clone(),
+        stopping: stopping.clone(),
     })
     .max_decoding_message_size(max);
     let agent = AgentServiceServer::new(agent::Agent {

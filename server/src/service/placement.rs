@@ -24,6 +24,7 @@ use crate::store::{BalanceRequest, Node, Store};
 /// changing the node under it, before it decides under the node's writer.
 const CLAIM_ATTEMPTS: usize = 64;
 
+#[derive(Clone)]
 pub struct Placement {
     pub store: Arc<Store>,
     /// Decide and Balance run here, off the async workers.
@@ -33,9 +34,39 @@ pub struct Placement {
     /// With `--etcd-endpoints`: the replica set, and calls for other
     /// replicas' nodes go to them.
     pub replicated: Option<Replicated>,
+    /// Flips to true when shutdown begins: PickCpus streams end on it.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Placement {
+    /// One PickCpu, unary or on a PickCpus stream: here, or at the node's
+    /// owner when another replica holds it.
+    pub(super) async fn pick_one(
+        &self,
+        caller: &Caller,
+        ext: &http::Extensions,
+        r: pb::PickCpuRequest,
+    ) -> Result<pb::PickCpuResponse, Status> {
+        if let Some((rep, m)) = self.peer_for(&r.node_id, ext)? {
+            let mut c = rep.placement(&m)?;
+            return route::forward("PickCpu", caller, r, |q| async move { c.pick_cpu(q).await })
+                .await
+                .map(Response::into_inner);
+        }
+        let claim = r.claim;
+        let resp = if !r.node_id.is_empty() {
+            let node = super::registered_node(&self.store, &r.node_id)?;
+            self.pick_on(&node, &r).await?
+        } else {
+            self.pick_on_cluster(caller, r).await?
+        };
+        // A claim made through another replica is counted at its owner.
+        if claim && self.store.get(&resp.node_id).is_some() {
+            count_claims(caller, 1);
+        }
+        Ok(resp)
+    }
+
     /// The peer that answers a call for `node`, if not this replica.
     fn peer_for(
         &self,
@@ -314,27 +345,18 @@ impl PlacementService for Placement {
         &self,
         req: Request<pb::PickCpuRequest>,
     ) -> Result<Response<pb::PickCpuResponse>, Status> {
-        let caller = Caller::of(req.extensions());
-        if let Some((rep, m)) = self.peer_for(&req.get_ref().node_id, req.extensions())? {
-            let mut c = rep.placement(&m)?;
-            return route::forward("PickCpu", &caller, req.into_inner(), |q| async move {
-                c.pick_cpu(q).await
-            })
-            .await;
-        }
-        let r = req.into_inner();
-        let claim = r.claim;
-        let resp = if !r.node_id.is_empty() {
-            let node = super::registered_node(&self.store, &r.node_id)?;
-            self.pick_on(&node, &r).await?
-        } else {
-            self.pick_on_cluster(&caller, r).await?
-        };
-        // A claim made through another replica is counted at its owner.
-        if claim && self.store.get(&resp.node_id).is_some() {
-            count_claims(&caller, 1);
-        }
-        Ok(Response::new(resp))
+        let (_, ext, r) = req.into_parts();
+        let caller = Caller::of(&ext);
+        self.pick_one(&caller, &ext, r).await.map(Response::new)
+    }
+
+    type PickCpusStream = super::pick_stream::Answers;
+
+    async fn pick_cpus(
+        &self,
+        req: Request<tonic::Streaming<pb::PickCpuRequest>>,
+    ) -> Result<Response<Self::PickCpusStream>, Status> {
+        Ok(Response::new(self.pick_stream(req)))
     }
 
     async fn can_migrate(
