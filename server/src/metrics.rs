@@ -405,6 +405,48 @@ pub const STORE_RENDERED: [&str; 14] = [
 ];
 
 /// Records one task_cache_work pass.
+/// A decision's handles, by (kind, path): the registry lookups a
+/// `counter!`/`histogram!` with labels makes (hashing the key, cloning its
+/// labels) are done once per pair, the first time it occurs, not once per
+/// decision. Made lazily, so a pair that never occurs has no series.
+struct DecisionSlot {
+    decisions: metrics::Counter,
+    scanned: metrics::Histogram,
+}
+
+const NR_KINDS: usize = 3;
+const NR_PATHS: usize = crate::engine::decision::Path::ALL.len();
+
+static DECISION_SLOTS: [[std::sync::OnceLock<DecisionSlot>; NR_PATHS]; NR_KINDS] =
+    [const { [const { std::sync::OnceLock::new() }; NR_PATHS] }; NR_KINDS];
+static DECISION_DURATIONS: [std::sync::OnceLock<metrics::Histogram>; NR_KINDS] =
+    [const { std::sync::OnceLock::new() }; NR_KINDS];
+static DECISION_AGE: std::sync::OnceLock<metrics::Histogram> = std::sync::OnceLock::new();
+
+/// One placement decision: counted by kind and path, with the CPUs it
+/// scanned, how long it took (s) and the age of the state it read (s).
+pub fn record_decision(
+    kind: crate::engine::decision::Kind,
+    path: crate::engine::decision::Path,
+    scanned: u32,
+    took: f64,
+    age: f64,
+) {
+    let (k, p) = (kind.as_str(), path.as_str());
+    let slot = DECISION_SLOTS[kind as usize][path as usize].get_or_init(|| DecisionSlot {
+        decisions: metrics::counter!(DECISIONS, "kind" => k, "path" => p),
+        scanned: metrics::histogram!(DECISION_SCANNED, "kind" => k, "path" => p),
+    });
+    slot.decisions.increment(1);
+    slot.scanned.record(scanned as f64);
+    DECISION_DURATIONS[kind as usize]
+        .get_or_init(|| metrics::histogram!(DECISION_DURATION, "kind" => k))
+        .record(took);
+    DECISION_AGE
+        .get_or_init(|| metrics::histogram!(DECISION_STATE_AGE))
+        .record(age);
+}
+
 pub fn record_cache_scan(r: &crate::engine::cache::ScanReport) {
     let s = r.strategy.as_str();
     metrics::histogram!(CACHE_SCAN_CPUS, "strategy" => s).record(r.scanned as f64);

@@ -542,13 +542,7 @@ pub(super) fn count_claims(caller: &Caller, n: usize) {
 /// The decision metrics, on whichever path (first try or contended) the
 /// placement was decided.
 fn record_decision(node: &Node, preq: &PlaceRequest, p: &Decision, took: f64, age: f64) {
-    let kind = preq.kind.as_str();
-    let path = p.path.as_str();
-    metrics::counter!(m::DECISIONS, "kind" => kind, "path" => path).increment(1);
-    metrics::histogram!(m::DECISION_SCANNED, "kind" => kind, "path" => path)
-        .record(p.scanned as f64);
-    metrics::histogram!(m::DECISION_DURATION, "kind" => kind).record(took);
-    metrics::histogram!(m::DECISION_STATE_AGE).record(age);
+    m::record_decision(preq.kind, p.path, p.scanned, took, age);
     // Per node: kept on the node, rendered at scrape time.
     node.count_decision(preq.kind);
 }
