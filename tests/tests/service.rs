@@ -256,6 +256,47 @@ fn pick_cpus_answers_in_order_as_pick_cpu_does_and_errors_do_not_end_the_stream(
 }
 
 #[test]
+fn an_open_pick_cpus_stream_ends_at_shutdown_and_does_not_hold_it_up() {
+    let mut server = Server::start(&[]);
+    let rt = rt();
+    let (tx, mut answers) = rt.block_on(async {
+        let mut r = Reporter::register(&server.grpc, "n", topology(1, 1, 2, 1))
+            .await
+            .unwrap();
+        r.update(1, true, states(2, &[]), "n").await.unwrap();
+        let c = Client::connect(&server.grpc).await.unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut answers = c
+            .pick_cpus_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap();
+        tx.send(wakeup("n", 0, 0, false)).await.unwrap();
+        let a = answers.message().await.unwrap().unwrap();
+        assert_eq!(a.seq, 0);
+        (tx, answers)
+    });
+    // The stream stays open (its sender is held); SIGTERM must still end
+    // the server, and the stream with UNAVAILABLE.
+    let t0 = std::time::Instant::now();
+    fairplace_e2e::send_signal(server.pid(), 15);
+    let end = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), answers.message()).await });
+    let e = end
+        .expect("the stream ended")
+        .expect_err("ended with a status");
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.message().contains("shutting down"), "{e}");
+    let status = server.wait();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
+    drop(tx);
+}
+
+#[test]
 fn claims_end_with_their_ttl() {
     let server = Server::start(&["--claim-ttl-ms", "100"]);
     rt().block_on(async {

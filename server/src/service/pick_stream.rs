@@ -10,20 +10,23 @@
 //! node, the metrics). A request that fails gets its error in its answer,
 //! and the stream goes on.
 //!
-//! Bounds: one request is decided at a time per stream, and at most
-//! [`AHEAD`] answers wait for the client to read them; past that the
-//! server stops reading requests, so a client that does not read holds no
-//! more than that. A stream with no request for [`IDLE`] is ended, as is
-//! every stream when the server shuts down; how many may be open at once
-//! is capped (`--max-pick-streams`, [`super::layers::StreamCaps`]).
+//! The answers are a stream the response encoder pulls: a request is read
+//! and decided only when the encoder asks for the next answer, so the
+//! answers of requests that arrived together are encoded into one write,
+//! and a client that does not read its answers stops the server reading
+//! its requests (HTTP/2 flow control then holds the client back). One
+//! request is decided at a time per stream. A stream with no request for
+//! [`IDLE`] is ended, as is every stream when the server shuts down; how
+//! many may be open at once is capped (`--max-pick-streams`,
+//! [`super::layers::StreamCaps`]).
 
 use std::pin::Pin;
 use std::time::Duration;
 
 use fairplace_proto::v1 as pb;
-use tokio::sync::mpsc;
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
 use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Status, Streaming};
 
 use super::identity::Caller;
@@ -32,65 +35,105 @@ use super::placement::Placement;
 /// The answers of one stream, as the service returns them.
 pub type Answers = Pin<Box<dyn Stream<Item = Result<pb::PickCpusAnswer, Status>> + Send>>;
 
-/// Answers decided ahead of the client's reading.
-pub const AHEAD: usize = 32;
-
-/// A stream with no request for this long is ended (UNAVAILABLE: open a
-/// new one).
+/// A stream with no request for this long (give or take a second) is
+/// ended (UNAVAILABLE: open a new one).
 pub const IDLE: Duration = Duration::from_secs(120);
+
+/// How often the idle deadline is moved: not at every message, which
+/// would touch the timer wheel per decision.
+const IDLE_RESET_EVERY: Duration = Duration::from_secs(1);
+
+/// One stream's state between answers.
+struct State {
+    me: Placement,
+    caller: Caller,
+    ext: http::Extensions,
+    input: Streaming<pb::PickCpuRequest>,
+    stopping: watch::Receiver<bool>,
+    idle: Pin<Box<Sleep>>,
+    idle_set: Instant,
+    seq: u64,
+    /// The stream has sent its last item (an error).
+    done: bool,
+}
+
+/// What ended the wait for the next request.
+enum Next {
+    Request(pb::PickCpuRequest),
+    End,
+    Fail(Status),
+}
+
+impl State {
+    async fn next_request(&mut self) -> Next {
+        tokio::select! {
+            r = self.input.message() => match r {
+                Ok(Some(r)) => Next::Request(r),
+                // The client ended its side: every answer is sent.
+                Ok(None) => Next::End,
+                // Undecodable or oversized: the stream cannot go on.
+                Err(s) => Next::Fail(s),
+            },
+            _ = self.idle.as_mut() => Next::Fail(Status::unavailable(format!(
+                "no request for {} s; open a new stream",
+                IDLE.as_secs()
+            ))),
+            _ = self.stopping.wait_for(|s| *s) => Next::Fail(Status::unavailable(
+                "the server is shutting down; open a new stream elsewhere",
+            )),
+        }
+    }
+
+    /// The next answer, or the stream's end.
+    async fn answer(mut self) -> Option<(Result<pb::PickCpusAnswer, Status>, State)> {
+        if self.done {
+            return None;
+        }
+        let r = match self.next_request().await {
+            Next::Request(r) => r,
+            Next::End => return None,
+            Next::Fail(s) => {
+                self.done = true;
+                return Some((Err(s), self));
+            }
+        };
+        let now = Instant::now();
+        if now.duration_since(self.idle_set) > IDLE_RESET_EVERY {
+            self.idle.as_mut().reset(now + IDLE);
+            self.idle_set = now;
+        }
+        let result = match self.me.pick_one(&self.caller, &self.ext, r).await {
+            Ok(resp) => pb::pick_cpus_answer::Result::Ok(resp),
+            Err(s) => pb::pick_cpus_answer::Result::Error(pb::PickError {
+                code: s.code() as i32,
+                message: s.message().to_string(),
+            }),
+        };
+        let answer = pb::PickCpusAnswer {
+            seq: self.seq,
+            result: Some(result),
+        };
+        self.seq += 1;
+        Some((Ok(answer), self))
+    }
+}
 
 impl Placement {
     /// Serves one PickCpus stream until the client ends it.
     pub(super) fn pick_stream(&self, req: Request<Streaming<pb::PickCpuRequest>>) -> Answers {
-        let (_, ext, mut input) = req.into_parts();
-        let me = self.clone();
-        let (tx, rx) = mpsc::channel(AHEAD);
-        tokio::spawn(async move {
-            let caller = Caller::of(&ext);
-            let mut stopping = me.stopping.clone();
-            for seq in 0u64.. {
-                let next = tokio::select! {
-                    r = tokio::time::timeout(IDLE, input.message()) => Some(r),
-                    _ = stopping.wait_for(|s| *s) => None,
-                    _ = tx.closed() => return,
-                };
-                let r = match next {
-                    Some(Ok(Ok(Some(r)))) => r,
-                    // The client ended its side: the answers are all sent.
-                    Some(Ok(Ok(None))) => return,
-                    // Undecodable or oversized: the stream cannot go on.
-                    Some(Ok(Err(s))) => {
-                        let _ = tx.send(Err(s)).await;
-                        return;
-                    }
-                    Some(Err(_)) => {
-                        let idle =
-                            format!("no request for {} s; open a new stream", IDLE.as_secs());
-                        let _ = tx.send(Err(Status::unavailable(idle))).await;
-                        return;
-                    }
-                    None => {
-                        let bye = "the server is shutting down; open a new stream elsewhere";
-                        let _ = tx.send(Err(Status::unavailable(bye))).await;
-                        return;
-                    }
-                };
-                let result = match me.pick_one(&caller, &ext, r).await {
-                    Ok(resp) => pb::pick_cpus_answer::Result::Ok(resp),
-                    Err(s) => pb::pick_cpus_answer::Result::Error(pb::PickError {
-                        code: s.code() as i32,
-                        message: s.message().to_string(),
-                    }),
-                };
-                let answer = pb::PickCpusAnswer {
-                    seq,
-                    result: Some(result),
-                };
-                if tx.send(Ok(answer)).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Box::pin(ReceiverStream::new(rx))
+        let (_, ext, input) = req.into_parts();
+        let now = Instant::now();
+        let state = State {
+            me: self.clone(),
+            caller: Caller::of(&ext),
+            ext,
+            input,
+            stopping: self.stopping.clone(),
+            idle: Box::pin(tokio::time::sleep_until(now + IDLE)),
+            idle_set: now,
+            seq: 0,
+            done: false,
+        };
+        Box::pin(futures_util::stream::unfold(state, State::answer))
     }
 }
