@@ -57,7 +57,9 @@ struct State {
     done: bool,
 }
 
-/// What ended the wait for the next request.
+/// What ended the wait for the next request. Lives on the stack for one
+/// step: boxing the request would allocate per decision.
+#[allow(clippy::large_enum_variant)]
 enum Next {
     Request(pb::PickCpuRequest),
     End,
