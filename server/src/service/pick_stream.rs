@@ -26,14 +26,10 @@ use std::time::Duration;
 use fairplace_proto::v1 as pb;
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
-use tokio_stream::Stream;
 use tonic::{Request, Status, Streaming};
 
 use super::identity::Caller;
-use super::placement::Placement;
-
-/// The answers of one stream, as the service returns them.
-pub type Answers = Pin<Box<dyn Stream<Item = Result<pb::PickCpusAnswer, Status>> + Send>>;
+use super::placement::{Answers, Placement};
 
 /// A stream with no request for this long (give or take a second) is
 /// ended (UNAVAILABLE: open a new one).

@@ -20,6 +20,11 @@ use crate::offline::scenario::decide_value;
 use crate::store::cluster::ClusterRequest;
 use crate::store::{BalanceRequest, Node, Store};
 
+/// The answers of one PickCpus stream (`pick_stream.rs`), as the service
+/// returns them.
+pub type Answers =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::PickCpusAnswer, Status>> + Send>>;
+
 /// How often a claimed placement is decided again when other claims keep
 /// changing the node under it, before it decides under the node's writer.
 const CLAIM_ATTEMPTS: usize = 64;
@@ -350,7 +355,7 @@ impl PlacementService for Placement {
         self.pick_one(&caller, &ext, r).await.map(Response::new)
     }
 
-    type PickCpusStream = super::pick_stream::Answers;
+    type PickCpusStream = Answers;
 
     async fn pick_cpus(
         &self,
