@@ -106,6 +106,26 @@ impl Rig {
         ));
     }
 
+    /// The real agent, reading this machine as node `real` (zone z1),
+    /// told every replica; it may apply pid leases to any process here
+    /// (the test's own).
+    fn real_agent(&mut self) {
+        let servers = self.addrs.join(",");
+        self.agents.push(Agent::start(
+            &servers,
+            &[
+                "--node-id",
+                "real",
+                "--interval-ms",
+                "200",
+                "--label",
+                "zone=z1",
+                "--apply-cgroup-root",
+                "/sys/fs/cgroup",
+            ],
+        ));
+    }
+
     fn channel(&self, i: usize) -> Channel {
         tonic::transport::Endpoint::from_shared(format!("http://{}", self.addrs[i]))
             .unwrap()
@@ -774,22 +794,7 @@ fn the_real_agent_follows_its_node_to_the_next_owner_and_its_pinned_process_stay
     };
     rt().block_on(async {
         let mut rig = Rig::start(&bin, 3).await;
-        // The real agent, reading this machine, told every replica.
-        let servers = rig.addrs.join(",");
-        rig.agents.push(Agent::start(
-            &servers,
-            &[
-                "--node-id",
-                "real",
-                "--interval-ms",
-                "200",
-                "--label",
-                "zone=z1",
-                // Pid leases on any process of this machine (the test's own).
-                "--apply-cgroup-root",
-                "/sys/fs/cgroup",
-            ],
-        ));
+        rig.real_agent();
         rig.wait_fresh(0, 1, Duration::from_secs(30)).await;
         let owner: usize = rig.owners().await["real"][1..].parse().unwrap();
         let ask = (owner + 1) % 3;
@@ -1072,18 +1077,7 @@ fn a_replica_killed_under_load_loses_no_call_no_lease_and_grants_nothing_twice()
         const ALL: usize = NODES as usize + 1;
         let mut rig = Rig::start(&bin, 3).await;
         rig.simulate("load", NODES, 8);
-        let servers = rig.addrs.join(",");
-        rig.agents.push(Agent::start(
-            &servers,
-            &[
-                "--node-id",
-                "real",
-                "--interval-ms",
-                "200",
-                "--label",
-                "zone=z1",
-            ],
-        ));
+        rig.real_agent();
         rig.wait_fresh(0, ALL, Duration::from_secs(30)).await;
         let rig = Arc::new(rig);
         let live = Arc::new(std::sync::Mutex::new(vec![0usize, 1, 2]));

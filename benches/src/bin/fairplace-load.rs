@@ -596,6 +596,16 @@ where
             (h, errors)
         }));
     }
+    measure(tasks, &stop, seconds).await
+}
+
+/// Lets the phase's tasks run for `seconds`, stops them, and merges what
+/// they recorded: latencies, failures, and the seconds it ran.
+async fn measure(
+    tasks: Vec<tokio::task::JoinHandle<(Histogram<u64>, u64)>>,
+    stop: &AtomicBool,
+    seconds: u64,
+) -> (Histogram<u64>, u64, f64) {
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     stop.store(true, Ordering::Relaxed);
@@ -957,17 +967,7 @@ async fn stream_phase(
             (h, errors)
         }));
     }
-    let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-    let mut errors = 0;
-    for t in tasks {
-        let (h, e) = t.await.unwrap();
-        all.add(h).unwrap();
-        errors += e;
-    }
-    (all, errors, t0.elapsed().as_secs_f64())
+    measure(tasks, &stop, seconds).await
 }
 
 /// A Decide scenario on 4,096 CPUs, each its own core and LLC, in 256
