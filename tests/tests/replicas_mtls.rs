@@ -59,6 +59,17 @@ fn replicas_with(
         .collect()
 }
 
+/// A one-member etcd, healthy, and two free loopback addresses for
+/// replicas.
+async fn one_etcd_two_addrs(bin: &str) -> (EtcdCluster, Vec<String>) {
+    let etcd = EtcdCluster::start(bin, 1);
+    etcd.wait_healthy(Duration::from_secs(20)).await;
+    let addrs = (0..2)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    (etcd, addrs)
+}
+
 async fn placement(addr: &str, tls: &TlsOptions) -> PlacementServiceClient<Channel> {
     PlacementServiceClient::new(channel(addr, tls).await.expect("TLS channel"))
 }
@@ -78,11 +89,7 @@ fn a_forward_is_authorized_as_its_caller_and_nobody_else_can_claim_to_forward() 
     };
     rt().block_on(async {
         let pki = TestPki::new();
-        let etcd = EtcdCluster::start(&bin, 1);
-        etcd.wait_healthy(Duration::from_secs(20)).await;
-        let addrs: Vec<String> = (0..2)
-            .map(|_| format!("127.0.0.1:{}", free_port()))
-            .collect();
+        let (etcd, addrs) = one_etcd_two_addrs(&bin).await;
         let _servers = replicas(&pki, &etcd, &addrs);
         tokio::time::sleep(Duration::from_millis(500)).await;
         // A node registered at its owner (rendezvous hashing over r0, r1),
@@ -199,11 +206,7 @@ fn a_replica_presents_its_renewed_peer_certificate_without_a_restart() {
     };
     rt().block_on(async {
         let pki = TestPki::new();
-        let etcd = EtcdCluster::start(&bin, 1);
-        etcd.wait_healthy(Duration::from_secs(20)).await;
-        let addrs: Vec<String> = (0..2)
-            .map(|_| format!("127.0.0.1:{}", free_port()))
-            .collect();
+        let (etcd, addrs) = one_etcd_two_addrs(&bin).await;
         // r0 starts with a certificate that is not a replica's (as if the
         // wrong one had been issued), in files of its own.
         let wrong = pki.client("orchestrator", "not-a-replica");

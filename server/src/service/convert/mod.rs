@@ -12,7 +12,8 @@ pub use balance::{
     balance_cpus, balance_response, cluster_balance_response, migration_type_to_pb, proposal_to_pb,
 };
 pub use report::{
-    cpu_state, cpu_state_to_pb, task_lists_to_pb, topology_spec, topology_to_pb, update,
+    cpu_state, cpu_state_to_pb, cpu_states_to_pb, task_lists_to_pb, topology_spec, topology_to_pb,
+    update,
 };
 pub use request::{migrate_request, migrate_response, pick_request, pick_response, selector, task};
 

@@ -109,6 +109,15 @@ pub fn cpu_state_to_pb(id: usize, c: &CpuState) -> pb::CpuState {
     }
 }
 
+/// Every CPU's state, in id order, as GetNode and a replica's NodeStates
+/// carry them.
+pub fn cpu_states_to_pb(cpus: &[CpuState]) -> Vec<pb::CpuState> {
+    cpus.iter()
+        .enumerate()
+        .map(|(i, c)| cpu_state_to_pb(i, c))
+        .collect()
+}
+
 /// An agent's update: CPU states as reported (the store checks them against
 /// the topology), task lists and runtime with their fields checked here.
 pub fn update(u: &pb::Update, spec: &TopologySpec) -> Result<Update, FieldError> {
