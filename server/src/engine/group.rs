@@ -130,8 +130,9 @@ fn group_has_capacity(pct: u64, s: &SgLbStats) -> bool {
 }
 
 /// `group_classify()`: the tests run in this order, not in numeric order.
-/// The wakeup statistics never set the balancer-only flags, so for them
-/// only overloaded, misfit, fully busy and has-spare can come out.
+/// The wakeup statistics set only `sgc_imbalance` of the balancer's flags,
+/// so for them overloaded, imbalanced, misfit, fully busy and has-spare can
+/// come out.
 pub fn group_classify(pct: u32, s: &SgLbStats) -> GroupType {
     let pct = pct as u64;
     if group_is_overloaded(pct, s) {
@@ -183,7 +184,8 @@ pub fn update_pick_idlest(idlest: &SgLbStats, cand: &SgLbStats) -> bool {
             cand.idle_cpus > idlest.idle_cpus
                 || (cand.idle_cpus == idlest.idle_cpus && cand.group_util < idlest.group_util)
         }
-        // The wakeup statistics never produce the balancer-only types.
+        // Imbalanced, asym packing, SMT balance: "not used in the slow
+        // wakeup path", so an equal group never replaces the idlest.
         _ => false,
     }
 }
@@ -260,7 +262,7 @@ pub fn leave_local_group(d: &DstDomain, local: &SgLbStats, idlest: &SgLbStats) -
             }
             local.idle_cpus < idlest.idle_cpus
         }
-        // The wakeup statistics never produce the balancer-only types.
+        // Imbalanced (and the balancer-only types): stay in the local group.
         _ => false,
     }
 }

@@ -4,7 +4,7 @@
 
 use super::cpumask::CpuMask;
 use super::features::{Features, Kernel};
-use super::topology::Topology;
+use super::topology::{Level, SpanId, Topology};
 
 /// One runqueue as the agent last reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,6 +270,10 @@ pub struct NodeState {
     pub groups: Vec<GroupSum>,
     /// The UTIL_EST setting the sums were made with.
     pub groups_util_est: bool,
+    /// The groups whose `sgc->imbalance` the balancer left set, as (level,
+    /// group span): a scenario's hint (format section 6.1); agents report
+    /// none, so it is empty and costs nothing on their nodes.
+    pub sgc_imbalance: Vec<(Level, SpanId)>,
 }
 
 impl NodeState {
@@ -306,6 +310,7 @@ impl NodeState {
             shared: vec![SharedState::default(); topo.shared.len()],
             groups: Vec::new(),
             groups_util_est: features.util_est,
+            sgc_imbalance: Vec::new(),
         };
         for k in 0..topo.shared.len() {
             let h = hints.get(k).copied().unwrap_or_default();
@@ -368,6 +373,14 @@ impl NodeState {
             }
         }
         st
+    }
+
+    /// `sg_imbalanced()`: is the group `g` of a `level` domain marked?
+    #[inline]
+    pub fn sg_imbalanced(&self, level: Level, g: SpanId) -> bool {
+        self.sgc_imbalance
+            .iter()
+            .any(|&(l, s)| l == level && s == g)
     }
 
     /// Every kept group's sums from scratch.

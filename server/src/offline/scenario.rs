@@ -3,6 +3,8 @@
 //! rejecting anything the format does not allow with an error that names the
 //! field, and turns the engine's answer into the format's output shape.
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value, json};
 
 use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
@@ -11,7 +13,9 @@ use crate::engine::decision::{Kind, PlaceRequest, Placement};
 use crate::engine::features::{Features, Kernel, SERVICE_ONLY, System};
 use crate::engine::resolve;
 use crate::engine::state::{CpuState, MAX_CLOCK, MAX_SIGNAL, NodeState, Policy, SharedHint, Task};
-use crate::engine::topology::{CpuTopo, FieldError, SharedKind, Topology, TopologySpec};
+use crate::engine::topology::{
+    CpuTopo, FieldError, Level, SharedKind, SpanId, Topology, TopologySpec,
+};
 use crate::engine::{View, can_migrate_task, select_task_rq};
 use crate::quote::{field_key, quote};
 
@@ -301,6 +305,7 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
             "cpus",
             "llc",
             "asym",
+            "sgc_imbalance",
             "task",
             "request",
             "expected",
@@ -345,7 +350,8 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
         ));
     }
     let hints = parse_hints(top.map.get("llc"), top.map.get("asym"), &topology)?;
-    let state = NodeState::new(&topology, cpus, &hints, &features);
+    let mut state = NodeState::new(&topology, cpus, &hints, &features);
+    state.sgc_imbalance = parse_sgc_imbalance(top.map.get("sgc_imbalance"), &topology)?;
 
     let req_v = top
         .map
@@ -682,6 +688,89 @@ fn parse_hints(
         }
     }
     Ok(hints)
+}
+
+/// A domain name of section 2 as a level: `NUMA` is the first NUMA level
+/// (the kernel names every NUMA level so), `NUMAj` the j-th.
+fn parse_level_name(name: &str) -> Option<Level> {
+    Some(match name {
+        "SMT" => Level::Smt,
+        "CLS" => Level::Cls,
+        "MC" => Level::Mc,
+        "PKG" => Level::Pkg,
+        "NODE" => Level::Node,
+        "NUMA" => Level::Numa(1),
+        _ => {
+            let j: u8 = name.strip_prefix("NUMA")?.parse().ok()?;
+            if j == 0 || name != format!("NUMA{j}") {
+                return None;
+            }
+            Level::Numa(j)
+        }
+    })
+}
+
+/// Section 6.1: the groups whose `sgc->imbalance` is set, each exactly the
+/// span of a group of some online CPU's domain of the named level.
+fn parse_sgc_imbalance(
+    v: Option<&Value>,
+    topo: &Topology,
+) -> Result<Vec<(Level, SpanId)>, FieldError> {
+    let Some(v) = v else {
+        return Ok(Vec::new());
+    };
+    let map = v
+        .as_object()
+        .ok_or_else(|| FieldError::new("sgc_imbalance", "must be an object"))?;
+    // The groups of every level's domains, once each.
+    let mut groups: HashMap<Level, Vec<SpanId>> = HashMap::new();
+    for c in topo.online.iter() {
+        for d in topo.domains(c) {
+            let at = groups.entry(d.level).or_default();
+            for &g in d.groups.iter() {
+                if !at.contains(&g) {
+                    at.push(g);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (k, val) in map {
+        let path = format!("sgc_imbalance.{}", field_key(k));
+        let level = parse_level_name(k).ok_or_else(|| {
+            FieldError::new(
+                &path,
+                format!(
+                    "{} is not a domain name (SMT, CLS, MC, PKG, NODE, NUMA, NUMAj)",
+                    quote(k)
+                ),
+            )
+        })?;
+        let list = val
+            .as_array()
+            .ok_or_else(|| FieldError::new(&path, "must be a list of cpulists"))?;
+        for (i, item) in list.iter().enumerate() {
+            let ipath = format!("{path}[{i}]");
+            let s = item
+                .as_str()
+                .ok_or_else(|| FieldError::new(&ipath, "must be a cpulist string"))?;
+            let mask =
+                CpuMask::parse_cpulist(s, topo.nr_cpus).map_err(|e| FieldError::new(&ipath, e))?;
+            let g = groups
+                .get(&level)
+                .and_then(|at| at.iter().copied().find(|&g| *topo.span(g) == mask))
+                .ok_or_else(|| {
+                    FieldError::new(
+                        &ipath,
+                        format!("{} is not the span of a group of a {k} domain", quote(s)),
+                    )
+                })?;
+            if !out.contains(&(level, g)) {
+                out.push((level, g));
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn parse_task(

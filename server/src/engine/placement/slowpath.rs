@@ -151,6 +151,7 @@ impl Ctx<'_> {
         {
             self.detail.slow_cpus_read += weight;
             let mut s = wakeup_stats(&self.st.groups[k as usize], weight);
+            s.sgc_imbalance = self.st.sg_imbalanced(d.level, g);
             finish_wakeup_stats(d.imbalance_pct, &mut s);
             return s;
         }
@@ -188,6 +189,11 @@ impl Ctx<'_> {
         }
         let mut s = wakeup_stats(&sum, weight);
         s.group_misfit_task_load = misfit as u64;
+        // group_classify() reads sg_imbalanced() here too: a group the
+        // balancer could not even out for affinity is `group_imbalanced`,
+        // which the slow path neither picks over an equal group nor leaves
+        // the local group for.
+        s.sgc_imbalance = self.st.sg_imbalanced(d.level, g);
         finish_wakeup_stats(d.imbalance_pct, &mut s);
         s
     }

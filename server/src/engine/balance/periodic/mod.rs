@@ -219,6 +219,7 @@ impl Balancer {
                 shared: Vec::new(),
                 groups: Vec::new(),
                 groups_util_est: false,
+                sgc_imbalance: Vec::new(),
             },
             tasks: Vec::new(),
             copied: Vec::new(),
