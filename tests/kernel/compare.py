@@ -6,11 +6,18 @@ guest kernel built against what the scenario's topology (read from sysfs in
 the guest) and fairplace-agent say.
 
 Usage: compare.py DECIDE_BIN MIN_PERCENT LOG...   (one serial log per topology)
-Prints per topology and path how many agree, every disagreement, and as the
-last line `kernel agreement A/N (P%) over T topologies, kernel K`. Exits 1
-when agreement is below MIN_PERCENT, fewer placements than
-FP_KERNEL_MIN_COMPARED (environment, default 0) were compared, a topology
-check fails, or a guest gave no record."""
+Prints per topology its records, the records set aside (only evidence of a
+race: `changed_during_decision`, `stale`) with their counts, the guest's own
+dropped attempts, and compared/agreeing counts per load profile and per path;
+every disagreement; the same counts over all topologies; and as the last line
+`kernel agreement A/N (P%) over T topologies, kernel K; R records, S set aside`.
+Exits 1 when agreement is below MIN_PERCENT, fewer than FP_KERNEL_MIN_COMPARED
+were compared, more than FP_KERNEL_MAX_SET_ASIDE percent of the records were
+set aside (environment; defaults 0 and 100), a record line does not parse, a
+guest did not finish or lost records, `decide` fails or answers short or
+rejects a record, a wakeup's or fork's traced CPU is not the one
+select_task_rq_fair() returned, a topology check fails, or a guest gave no
+record."""
 
 import json
 import os
@@ -34,7 +41,18 @@ def cpulist(s):
 
 
 def parse_log(path):
-    log = {"topo": None, "uname": "?", "scn": [], "kdom": defaultdict(list), "agent": [], "agent_err": []}
+    log = {
+        "topo": None,
+        "uname": "?",
+        "scn": [],
+        "kdom": defaultdict(list),
+        "agent": [],
+        "agent_err": [],
+        "unparsable": [],
+        "drops": defaultdict(int),
+        "done": None,
+        "fail": [],
+    }
     cur = None
     with open(path, errors="replace") as f:
         for line in f:
@@ -47,7 +65,14 @@ def parse_log(path):
                 try:
                     log["scn"].append(json.loads(line[4:]))
                 except json.JSONDecodeError:
-                    pass  # a line broken by a kernel message; not counted
+                    # Counted, and it fails the run: a record lost.
+                    log["unparsable"].append(line[:120])
+            elif line.startswith("DROP "):
+                log["drops"][line[5:].strip()] += 1
+            elif line.startswith("DONE "):
+                log["done"] = int(line[5:].strip() or -1)
+            elif line.startswith("FAIL "):
+                log["fail"].append(line[5:])
             elif line.startswith("KDOM "):
                 m = re.search(r"CPU(\d+) attaching", line)
                 if m:
@@ -134,14 +159,10 @@ def differing_inputs(s, a, b):
 
 
 def excluded(s):
-    """Why a record is not compared, or None. Only recorded evidence that
-    the record's inputs were not the kernel's counts:
+    """Why a record is not compared, or None. Only recorded evidence of a
+    race (the record's inputs may not be the ones the kernel read) counts:
     - `stale`: without the decision probes, a CPU entered or left idle
       between the state read and the decision (seen in the trace);
-    - `sgc_imbalance`: a fork or exec whose allowed CPUs include one whose
-      group has `sgc->imbalance` set (read at the decision); the slow path
-      classifies such a group `group_imbalanced`, and the scenario format
-      fixes the field at 0;
     - `changed_during_decision`: between the probe reading and the end of
       the decision (the return probe), the trace shows a CPU entering or
       leaving idle, or being the target of another task's wakeup or an end
@@ -152,94 +173,181 @@ def excluded(s):
         return "stale" if gen.get("stale_cpus") else None
     if gen.get("changed_during"):
         return "changed_during_decision"
-    if s["request"]["kind"] in ("fork", "exec") and gen.get("sgc_imbalance"):
-        allowed = s["task"].get("cpus_allowed")
-        allowed = set(cpulist(allowed)) if allowed else None
-        if any(allowed is None or c in allowed for c, _ in gen["sgc_imbalance"]):
-            return "sgc_imbalance"
     return None
+
+
+class Tally:
+    """Compared and agreeing counts under a key."""
+
+    def __init__(self):
+        self.n = defaultdict(lambda: [0, 0])
+
+    def add(self, key, agree):
+        self.n[key][0] += agree
+        self.n[key][1] += 1
+
+    def lines(self, indent):
+        return [f"{indent}{k}: {a}/{b}" for k, (a, b) in sorted(self.n.items())]
+
+
+def run_decide(decide, jsonl, count):
+    """`decide` on the records: one JSON answer per record, exit status 0,
+    or the reason the run must fail."""
+    p = subprocess.run([decide, "decide", jsonl], capture_output=True, text=True)
+    out = p.stdout.splitlines()
+    if p.returncode != 0:
+        return None, f"decide exited {p.returncode}: {p.stderr.strip()[:300]}"
+    if len(out) != count:
+        return None, f"decide gave {len(out)} answers for {count} records"
+    answers = [json.loads(line) for line in out]
+    bad = [i for i, a in enumerate(answers, 1) if "error" in a]
+    if bad:
+        return None, f"decide rejected records {bad[:5]}: {answers[bad[0] - 1]['error']}"
+    return answers, None
+
+
+def disagreement(jsonl, i, s, d):
+    req, want = s["request"], s["expected"]["cpu"]
+    return (
+        f"DISAGREE {os.path.basename(jsonl)}:{i} {s['name']} {req['kind']}"
+        f" profile={s['generator'].get('profile')} seed={s['generator'].get('seed')}"
+        f" this={req['this_cpu']} prev={s['task'].get('prev_cpu')} sync={req.get('sync', False)}"
+        f" allowed={s['task'].get('cpus_allowed')} sgc={s.get('sgc_imbalance', {})}:"
+        f" kernel {want}, fairplace {d.get('cpu')} ({d.get('path')});"
+        f" {differing_inputs(s, want, d.get('cpu'))}"
+    )
+
+
+def check_log(name, log):
+    """The ways a guest can lose records; each fails the run."""
+    problems = list(log["fail"])
+    if log["unparsable"]:
+        problems.append(f"{len(log['unparsable'])} record lines do not parse: {log['unparsable'][0]}")
+    if log["done"] is None:
+        problems.append("the guest did not finish (no DONE line)")
+    elif log["done"] != len(log["scn"]) + len(log["unparsable"]):
+        problems.append(f"the guest made {log['done']} records, {len(log['scn'])} arrived")
+    return problems
+
+
+def compare_topology(decide, path, totals):
+    """Compares one guest's records; returns (ok, n, records, set aside, failed)."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    log = parse_log(path)
+    totals["unames"].add(log["uname"])
+    if log["topo"] is None or not log["scn"]:
+        print(f"{name}: the guest gave no records {' '.join(log['fail'])}")
+        return 0, 0, 0, 0, True
+    failed = False
+    jsonl = os.path.splitext(path)[0] + ".jsonl"
+    with open(jsonl, "w") as f:
+        for s in log["scn"]:
+            f.write(json.dumps(s) + "\n")
+    answers, why = run_decide(decide, jsonl, len(log["scn"]))
+    if answers is None:
+        print(f"{name}: {why}")
+        return 0, 0, len(log["scn"]), 0, True
+    per_path, per_profile = Tally(), Tally()
+    skipped = defaultdict(lambda: [0, 0])
+    moved = mismatched = 0
+    probed = sum(s.get("generator", {}).get("source") == "kprobe" for s in log["scn"])
+    for i, (s, d) in enumerate(zip(log["scn"], answers), 1):
+        gen = s.get("generator", {})
+        kind, want = s["request"]["kind"], s["expected"]["cpu"]
+        ret, seen = gen.get("returned"), gen.get("observed")
+        if ret is not None and seen is not None and ret != seen:
+            # The task was seen elsewhere than the decision put it: after
+            # sched_exec() the balancer may move it before it runs; a wakeup
+            # or fork lands where select_task_rq_fair() said, always.
+            if kind == "exec":
+                moved += 1
+            else:
+                mismatched += 1
+                print(f"ANSWERS DIFFER {name} {s['name']}: returned {ret}, traced {seen}")
+        why = excluded(s)
+        if why:
+            skipped[why][0] += 1
+            skipped[why][1] += d.get("cpu") == want
+            continue
+        agree = d.get("cpu") == want
+        per_path.add(f"{kind}/{d.get('path', 'error')}", agree)
+        per_profile.add(gen.get("profile", "light"), agree)
+        totals["path"].add(f"{kind}/{d.get('path', 'error')}", agree)
+        totals["profile"].add(gen.get("profile", "light"), agree)
+        if not agree:
+            print(disagreement(jsonl, i, s, d))
+    ok = sum(a for a, _ in per_path.n.values())
+    n = sum(b for _, b in per_path.n.values())
+    aside = sum(c for c, _ in skipped.values())
+    seeds = sorted({s.get("generator", {}).get("seed") for s in log["scn"]}, key=str)
+    print(
+        f"{name}: {ok}/{n} agree; {len(log['scn'])} records (seeds {','.join(map(str, seeds))}),"
+        f" {probed} with the kernel's inputs read at the decision; {aside} set aside: "
+        + (", ".join(f"{k} {c} ({a} of them agree anyway)" for k, (c, a) in sorted(skipped.items())) or "none")
+    )
+    for k, (c, _) in skipped.items():
+        totals["aside"][k] += c
+    drops = sum(log["drops"].values())
+    print(
+        f"  attempts that gave no record (the guest's own drops, refilled): {drops}"
+        + "".join(f"; {k} {c}" for k, c in sorted(log["drops"].items()))
+    )
+    print(f"  exec tasks moved after sched_exec() decided (expected = the decision): {moved}")
+    print("  by profile:")
+    print("\n".join(per_profile.lines("    ")))
+    print("  by path:")
+    print("\n".join(per_path.lines("    ")))
+    problems = check_log(name, log)
+    if mismatched:
+        problems.append(f"{mismatched} wakeup/fork records whose traced CPU is not the returned one")
+    kd = check_topology(name, log)
+    print(f"  kernel domains vs topology: {'equal' if not kd else 'DIFFER'}")
+    problems += [f"kernel domains: {p}" for p in kd]
+    if log["agent"] or log["agent_err"]:
+        _, ap = check_agent(log)
+        print(f"  fairplace-agent topology vs kernel: {'equal' if not ap else 'DIFFER'}")
+        problems += [f"agent: {p}" for p in ap]
+    for p in problems:
+        print(f"  FAILED: {p}")
+    failed |= bool(problems)
+    return ok, n, len(log["scn"]), aside, failed
 
 
 def main():
     decide, min_pct, logs = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-    total_ok = total_n = total_stale = 0
-    unames = set()
+    totals = {"unames": set(), "path": Tally(), "profile": Tally(), "aside": defaultdict(int)}
+    total_ok = total_n = total_r = total_s = 0
     failed = False
     for path in logs:
-        name = os.path.splitext(os.path.basename(path))[0]
-        log = parse_log(path)
-        unames.add(log["uname"])
-        if log["topo"] is None or not log["scn"]:
-            print(f"{name}: the guest gave no records")
-            failed = True
-            continue
-        jsonl = os.path.splitext(path)[0] + ".jsonl"
-        with open(jsonl, "w") as f:
-            for s in log["scn"]:
-                f.write(json.dumps(s) + "\n")
-        out = subprocess.run([decide, "decide", jsonl], capture_output=True, text=True).stdout.splitlines()
-        per_path = defaultdict(lambda: [0, 0])
-        ok = n = 0
-        skipped = defaultdict(lambda: [0, 0])
-        probed = sum(s.get("generator", {}).get("source") == "kprobe" for s in log["scn"])
-        for i, (s, line) in enumerate(zip(log["scn"], out), 1):
-            d = json.loads(line)
-            kind = s["request"]["kind"]
-            want = s["expected"]["cpu"]
-            why = excluded(s)
-            if why:
-                # Counted and printed, not compared (see `excluded`).
-                skipped[why][0] += 1
-                skipped[why][1] += d.get("cpu") == want
-                continue
-            n += 1
-            key = f"{kind}/{d.get('path', 'error')}"
-            per_path[key][1] += 1
-            if d.get("cpu") == want:
-                per_path[key][0] += 1
-                ok += 1
-            else:
-                req = s["request"]
-                print(
-                    f"DISAGREE {os.path.basename(jsonl)}:{i} {s['name']} {kind} this={req['this_cpu']}"
-                    f" prev={s['task'].get('prev_cpu')} sync={req.get('sync', False)}"
-                    f" allowed={s['task'].get('cpus_allowed')}: kernel {want}, fairplace {d.get('cpu')}"
-                    f" ({d.get('path')}{' ' + d['error'] if 'error' in d else ''});"
-                    f" {differing_inputs(s, want, d.get('cpu'))}"
-                )
+        ok, n, r, aside, f = compare_topology(decide, path, totals)
         total_ok += ok
         total_n += n
-        stale = sum(c for c, _ in skipped.values())
-        print(
-            f"{name}: {ok}/{n} agree; {len(log['scn'])} records, {probed} with the kernel's inputs read at the decision;"
-            f" {stale} not compared: "
-            + (", ".join(f"{k} {c} ({a} of them agree anyway)" for k, (c, a) in sorted(skipped.items())) or "none")
-        )
-        total_stale += stale
-        for key in sorted(per_path):
-            a, b = per_path[key]
-            print(f"  {key}: {a}/{b}")
-        problems = check_topology(name, log)
-        print(f"  kernel domains vs topology: {'equal' if not problems else 'DIFFER'}")
-        for p in problems:
-            print(f"    {p}")
-        failed |= bool(problems)
-        if log["agent"] or log["agent_err"]:
-            _, ap = check_agent(log)
-            print(f"  fairplace-agent topology vs kernel: {'equal' if not ap else 'DIFFER'}")
-            for p in ap:
-                print(f"    {p}")
-            failed |= bool(ap)
-    print(f"records not compared (their inputs were not the kernel's): {total_stale}")
+        total_r += r
+        total_s += aside
+        failed |= f
+    print("all topologies, by profile:")
+    print("\n".join(totals["profile"].lines("  ")))
+    print("all topologies, by path:")
+    print("\n".join(totals["path"].lines("  ")))
+    print(
+        "set aside (evidence of a race): "
+        + (", ".join(f"{k} {c}" for k, c in sorted(totals["aside"].items())) or "none")
+    )
     pct = 100.0 * total_ok / total_n if total_n else 0.0
     if pct < min_pct:
+        print(f"agreement {pct:.2f}% is below {min_pct}%")
         failed = True
     min_n = int(os.environ.get("FP_KERNEL_MIN_COMPARED", "0"))
     if total_n < min_n:
         print(f"only {total_n} placements compared, fewer than the {min_n} asked for")
         failed = True
+    max_aside = float(os.environ.get("FP_KERNEL_MAX_SET_ASIDE", "100"))
+    if total_r and 100.0 * total_s / total_r > max_aside:
+        print(f"{total_s} of {total_r} records set aside, more than {max_aside}%")
+        failed = True
     print(
-        f"kernel agreement {total_ok}/{total_n} ({pct:.1f}%) over {len(logs)} topologies, kernel {','.join(sorted(unames))}"
+        f"kernel agreement {total_ok}/{total_n} ({pct:.1f}%) over {len(logs)} topologies,"
+        f" kernel {','.join(sorted(totals['unames']))}; {total_r} records, {total_s} set aside"
     )
     sys.exit(1 if failed else 0)
 

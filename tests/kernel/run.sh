@@ -6,20 +6,30 @@
 # and compares them with `fairplace-server decide` (tests/kernel/compare.py).
 #
 # Environment:
-#   FP_KERNEL_PLACEMENTS  placements per topology (default 150)
-#   FP_KERNEL_TOPOLOGIES  space-separated subset of: smt2-numa smt1-llc8 two-llc-node
-#   FP_KERNEL_MIN         minimum agreement in percent (default 97)
-#   FP_KERNEL_SEED        seed of the experiments (default 1)
+#   FP_KERNEL_PLACEMENTS  placements per topology (default 500), shared out
+#                         equally among the seeds
+#   FP_KERNEL_TOPOLOGIES  space-separated subset of the topologies in
+#                         qemu_args below (default: all eight)
+#   FP_KERNEL_PROFILES    space-separated load profiles, one chosen per round
+#                         by the seed: light busy oversubscribed llc-full
+#                         cgroups wake-storm exec-heavy (default: all)
+#   FP_KERNEL_SEED        space-separated seeds (default "1 2 3")
+#   FP_KERNEL_MIN         minimum agreement in percent (default 99.5)
 #   FP_KERNEL_MIN_COMPARED  fail when fewer placements were compared (default 0)
-# The last line printed is `kernel agreement A/N (P%) over T topologies, kernel K`.
+#   FP_KERNEL_MAX_SET_ASIDE fail when more records (percent) were set aside (default 3)
+# The last line printed is
+# `kernel agreement A/N (P%) over T topologies, kernel K; R records, S set aside`.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="$ROOT/target/kernel-fidelity"
-PLACEMENTS="${FP_KERNEL_PLACEMENTS:-150}"
-TOPOLOGIES="${FP_KERNEL_TOPOLOGIES:-smt2-numa smt1-llc8 two-llc-node}"
-MIN="${FP_KERNEL_MIN:-97}"
-SEED="${FP_KERNEL_SEED:-1}"
+PLACEMENTS="${FP_KERNEL_PLACEMENTS:-500}"
+ALL_TOPOLOGIES="smt2-numa smt1-llc8 two-llc-node smt4 numa4 many-llc16 smt2-2llc16 big32"
+TOPOLOGIES="${FP_KERNEL_TOPOLOGIES:-$ALL_TOPOLOGIES}"
+PROFILES="${FP_KERNEL_PROFILES:-light busy oversubscribed llc-full cgroups wake-storm exec-heavy}"
+SEEDS="${FP_KERNEL_SEED:-1 2 3}"
+MIN="${FP_KERNEL_MIN:-99.5}"
+export FP_KERNEL_MAX_SET_ASIDE="${FP_KERNEL_MAX_SET_ASIDE:-3}"
 mkdir -p "$WORK"
 log() { echo "kernel-fidelity: $*" >&2; }
 
@@ -74,31 +84,60 @@ fi
 (cd "$IRD" && find . | cpio -o -H newc --quiet | gzip -1 >"$WORK/initrd.gz")
 
 # 4. Boot each topology.
+# Each topology: memory, -smp and the CPU model, NUMA nodes. Skylake-Server
+# gives SMT4 and one LLC per die; EPYC with topoext one LLC per socket.
+numa_nodes() { # size cpus-of-node-0 cpus-of-node-1 ...
+    local size=$1 i=0
+    shift
+    for cpus in "$@"; do
+        echo "-object memory-backend-ram,id=m$i,size=$size -numa node,nodeid=$i,cpus=$cpus,memdev=m$i"
+        i=$((i + 1))
+    done
+}
 qemu_args() {
     case "$1" in
     smt2-numa)
-        echo "-smp 8,sockets=2,cores=2,threads=2 -cpu EPYC,+topoext" \
-            "-object memory-backend-ram,id=m0,size=512M -object memory-backend-ram,id=m1,size=512M" \
-            "-numa node,nodeid=0,cpus=0-3,memdev=m0 -numa node,nodeid=1,cpus=4-7,memdev=m1" ;;
-    smt1-llc8) echo "-smp 8,sockets=1,cores=8,threads=1 -cpu EPYC" ;;
-    two-llc-node) echo "-smp 8,sockets=2,cores=4,threads=1 -cpu EPYC" ;;
+        echo "-m 1024 -smp 8,sockets=2,cores=2,threads=2 -cpu EPYC,+topoext $(numa_nodes 512M 0-3 4-7)" ;;
+    smt1-llc8) echo "-m 1024 -smp 8,sockets=1,cores=8,threads=1 -cpu EPYC" ;;
+    two-llc-node) echo "-m 1024 -smp 8,sockets=2,cores=4,threads=1 -cpu EPYC" ;;
+    # SMT4 cores, one LLC.
+    smt4) echo "-m 1024 -smp 8,sockets=1,cores=2,threads=4 -cpu Skylake-Server" ;;
+    # Four nodes of two CPUs with unequal distances: three NUMA levels
+    # (16, 22, 28), overlapping groups, imb_numa_nr.
+    numa4)
+        echo "-m 2048 -smp 8,sockets=4,cores=2,threads=1 -cpu Skylake-Server $(numa_nodes 512M 0-1 2-3 4-5 6-7)" \
+            "-numa dist,src=0,dst=1,val=16 -numa dist,src=0,dst=2,val=22 -numa dist,src=0,dst=3,val=28" \
+            "-numa dist,src=1,dst=2,val=16 -numa dist,src=1,dst=3,val=22 -numa dist,src=2,dst=3,val=16" ;;
+    # No SMT, four small LLCs (one per die) in one package.
+    many-llc16) echo "-m 1024 -smp 16,sockets=1,dies=4,cores=4,threads=1 -cpu Skylake-Server" ;;
+    # SMT2, two LLCs of eight CPUs in one package.
+    smt2-2llc16) echo "-m 1024 -smp 16,sockets=1,dies=2,cores=4,threads=2 -cpu Skylake-Server" ;;
+    # Two sockets (nodes) of two LLCs of four SMT2 cores: SIS_UTIL limits
+    # the scan of an 8-CPU LLC, and the slow path has four levels.
+    big32) echo "-m 2048 -smp 32,sockets=2,dies=2,cores=4,threads=2 -cpu Skylake-Server $(numa_nodes 1024M 0-15 16-31)" ;;
     *) log "unknown topology $1"; exit 1 ;;
     esac
 }
 # The guest needs the kernel's HZ (record_wakee() decays a waker's flips
 # once a second of jiffies has passed); it is a build option.
 HZ_CONFIG="$(sed -n 's/^CONFIG_HZ=//p' "$WORK/kernel/config")"
+# A guest makes a placement in about a second under TCG (more with 32
+# vCPUs on two host CPUs); one that takes far longer is stuck.
+GUEST_TIMEOUT=$((600 + 8 * PLACEMENTS))
 logs=()
 boot_guest() {
     # shellcheck disable=SC2046
-    timeout 1200 qemu-system-x86_64 -m 1024 $(qemu_args "$1") \
+    # One host thread for every vCPU: multi-threaded TCG now and then
+    # crashes the guest while it patches its own text, and is no faster on
+    # two host CPUs.
+    timeout "$GUEST_TIMEOUT" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
         -kernel "$WORK/kernel/vmlinuz" -initrd "$WORK/initrd.gz" \
-        -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$PLACEMENTS fp.seed=$SEED fp.hz=$HZ_CONFIG" \
+        -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$PLACEMENTS fp.seed=${SEEDS// /,} fp.profiles=${PROFILES// /,} fp.hz=$HZ_CONFIG" \
         -display none -monitor none -serial "file:$2" -no-reboot 2>"$WORK/$1.qemu.err" || true
 }
 for t in $TOPOLOGIES; do
     out="$WORK/$t.log"
-    log "booting $t ($PLACEMENTS placements)"
+    log "booting $t ($PLACEMENTS placements, seeds $SEEDS, profiles $PROFILES)"
     # Under TCG a guest kernel now and then dies on an int3 while it patches
     # its own text (jump labels), before the test program has recorded
     # anything. Such a guest is booted again (twice at most) and the crash

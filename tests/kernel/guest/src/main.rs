@@ -19,7 +19,10 @@ use std::fs;
 use std::sync::Mutex;
 use std::time::Duration;
 
+mod load;
 mod probe;
+
+use load::{Load, Profile};
 
 /// Per CPU, the topology's LLC id (its first CPU), for the `llc` hints.
 static LLC: Mutex<Vec<usize>> = Mutex::new(Vec::new());
@@ -28,6 +31,11 @@ static LLC: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// kernel's `rq->idle_stamp` is set at that moment (newidle balance) and
 /// cleared when a task is woken onto the CPU.
 static LAST_IDLE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// Per CPU, its sched domains as the kernel built them (after
+/// degeneration, lowest first): the scenario format's name of the level
+/// (section 2.1) and the span. The `sgc_imbalance` hint names groups by them.
+static DOMS: Mutex<Vec<Vec<(String, Vec<usize>)>>> = Mutex::new(Vec::new());
 
 const TRACE: &str = "/sys/kernel/tracing";
 
@@ -42,6 +50,9 @@ fn main() {
         exec_report(&args[2]);
         return;
     }
+    if args.len() == 2 && args[1] == "noop" {
+        return; // the exec-heavy profile's churn
+    }
     mount_all();
     let nr = online_cpus();
     let topo = read_topology(nr);
@@ -52,26 +63,54 @@ fn main() {
     let placements: usize = kernel_arg("fp.n")
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
-    let seed: u64 = kernel_arg("fp.seed")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    // Seeds and profiles, comma-separated; each seed makes an equal share.
+    let seeds: Vec<u64> = kernel_arg("fp.seed")
+        .unwrap_or_else(|| "1".into())
+        .split(',')
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let profiles: Vec<Profile> = match kernel_arg("fp.profiles") {
+        Some(list) => list.split(',').filter_map(Profile::parse).collect(),
+        None => load::ALL.to_vec(),
+    };
+    if seeds.is_empty() || profiles.is_empty() {
+        println!("FAIL no seed or no known profile on the command line");
+        power_off();
+    }
     *LLC.lock().unwrap() = (0..nr)
         .map(|c| llc_of(&format!("/sys/devices/system/cpu/cpu{c}"), c))
         .collect();
     setup_trace(&levels);
-    let mut rng = Lcg(seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407));
-    let mut done = 0;
     let mut id = 0;
-    while done < placements {
-        done += round(&mut rng, nr, &topo, &mut id, placements - done);
+    let mut done = 0;
+    for (k, &seed) in seeds.iter().enumerate() {
+        let quota = placements / seeds.len() + (k < placements % seeds.len()) as usize;
+        let mut rng = Lcg(seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407));
+        let mut made = 0;
+        while made < quota {
+            let p = profiles[rng.below(profiles.len())];
+            let ctx = RoundCtx {
+                nr,
+                topo: &topo,
+                seed,
+                profile: p,
+            };
+            made += round(&mut rng, &ctx, &mut id, quota - made);
+        }
+        done += made;
     }
     println!("DONE {done}");
+    power_off();
+}
+
+fn power_off() -> ! {
     unsafe {
         libc::sync();
         libc::reboot(libc::RB_POWER_OFF);
     }
+    std::process::exit(0)
 }
 
 /// The exec'ed image: report the CPU the task runs on right after
@@ -85,7 +124,7 @@ fn exec_report(fd: &str) {
     }
 }
 
-struct Lcg(u64);
+pub(crate) struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> u64 {
         self.0 = self
@@ -94,7 +133,7 @@ impl Lcg {
             .wrapping_add(1442695040888963407);
         self.0 >> 33
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 }
@@ -110,9 +149,10 @@ fn mount_all() {
     m("debugfs", "/sys/kernel/debug", "debugfs");
     m("tracefs", TRACE, "tracefs");
     m("devtmpfs", "/dev", "devtmpfs");
+    m("cgroup2", "/sys/fs/cgroup", "cgroup2");
 }
 
-fn cs(s: &str) -> CString {
+pub(crate) fn cs(s: &str) -> CString {
     CString::new(s).expect("no NUL")
 }
 
@@ -208,6 +248,60 @@ fn llc_of(base: &str, c: usize) -> usize {
     best.1
 }
 
+/// The scenario format's name (section 2.1) of CPU `c`'s domain spanning
+/// `span`: the lowest level whose span it is (SMT core, LLC, node, then the
+/// NUMA level j whose nodes are those within the j-th distance), else the
+/// kernel's own name `kname` (which the format then rejects, loudly).
+fn format_level(c: usize, span: &[usize], kname: &str) -> String {
+    let nr = online_cpus();
+    let base = format!("/sys/devices/system/cpu/cpu{c}");
+    let sib = fs::read_to_string(format!("{base}/topology/thread_siblings_list"))
+        .map(|s| cpulist(&s))
+        .unwrap_or_default();
+    if span == sib.as_slice() {
+        return "SMT".into();
+    }
+    let llc = llc_of(&base, c);
+    let same_llc: Vec<usize> = (0..nr)
+        .filter(|&d| llc_of(&format!("/sys/devices/system/cpu/cpu{d}"), d) == llc)
+        .collect();
+    if span == same_llc.as_slice() {
+        return "MC".into();
+    }
+    let mut node_cpus = Vec::new();
+    let mut dist: Vec<Vec<u32>> = Vec::new();
+    for k in 0..64 {
+        let Ok(list) = fs::read_to_string(format!("/sys/devices/system/node/node{k}/cpulist"))
+        else {
+            continue;
+        };
+        node_cpus.push(cpulist(&list));
+        let d = fs::read_to_string(format!("/sys/devices/system/node/node{k}/distance"))
+            .unwrap_or_default();
+        dist.push(d.split_whitespace().filter_map(|x| x.parse().ok()).collect());
+    }
+    let Some(home) = node_cpus.iter().position(|n| n.contains(&c)) else {
+        return kname.into();
+    };
+    if span == node_cpus[home].as_slice() {
+        return "PKG".into();
+    }
+    let mut ds: Vec<u32> = dist.iter().flatten().copied().collect();
+    ds.sort_unstable();
+    ds.dedup();
+    for (j, &dj) in ds.iter().enumerate().skip(1) {
+        let mut within: Vec<usize> = (0..node_cpus.len())
+            .filter(|&n| dist[home].get(n).is_some_and(|&d| d <= dj))
+            .flat_map(|n| node_cpus[n].clone())
+            .collect();
+        within.sort_unstable();
+        if span == within.as_slice() {
+            return format!("NUMA{j}");
+        }
+    }
+    kname.into()
+}
+
 /// The domains the kernel built, as `sched_verbose` printed them, plus the
 /// per-CPU domain names under debugfs, for the harness's topology check.
 /// Returns the number of domains of each CPU.
@@ -218,13 +312,39 @@ fn print_domains() -> Vec<usize> {
     else {
         return Vec::new();
     };
+    let nr = online_cpus();
+    let mut doms: Vec<Vec<(String, Vec<usize>)>> = vec![Vec::new(); nr];
+    let mut cur: Option<usize> = None;
     for line in String::from_utf8_lossy(&kmsg.stdout).lines() {
         if line.contains("domain-") || line.contains("CPU") && line.contains("attaching") {
             println!("KDOM {}", line.trim());
         }
+        if let Some(i) = line.find("CPU")
+            && line.contains(" attaching")
+        {
+            cur = line[i + 3..]
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse().ok());
+        }
+        if let (Some(c), Some(i)) = (cur, line.find("span="))
+            && line.contains("domain-")
+            && c < nr
+        {
+            let mut w = line[i..].split_whitespace();
+            let span = w.next().and_then(|x| x.strip_prefix("span=")).unwrap_or("");
+            let name = w.next().and_then(|x| x.strip_prefix("level=")).unwrap_or("?");
+            doms[c].push((name.to_string(), cpulist(span)));
+        }
     }
+    for (c, d) in doms.iter_mut().enumerate() {
+        for (name, span) in d.iter_mut() {
+            *name = format_level(c, span, name);
+        }
+    }
+    *DOMS.lock().unwrap() = doms;
     let mut levels = Vec::new();
-    for c in 0..online_cpus() {
+    for c in 0..nr {
         let mut names = Vec::new();
         for d in 0..8 {
             let p = format!("/sys/kernel/debug/sched/domains/cpu{c}/domain{d}/name");
@@ -302,10 +422,14 @@ fn setup_trace(levels: &[usize]) {
 /// Reads the trace buffer, updates LAST_IDLE from its sched_switch lines
 /// and clears it; returns the text.
 fn drain_trace(clear: bool) -> String {
+    // Tracing pauses while the buffer is read: under a wake storm events
+    // come as fast as they are read, and the read would not end.
+    let _ = fs::write(format!("{TRACE}/tracing_on"), "0");
     let t = fs::read_to_string(format!("{TRACE}/trace")).unwrap_or_default();
     if clear {
         let _ = fs::write(format!("{TRACE}/trace"), "");
     }
+    let _ = fs::write(format!("{TRACE}/tracing_on"), "1");
     let mut last = LAST_IDLE.lock().unwrap();
     for line in t.lines() {
         let event = if line.contains(" newidle: ") {
@@ -396,7 +520,7 @@ fn stale_cpus(t: &str, is_answer: impl Fn(&str) -> bool) -> Vec<usize> {
     out
 }
 
-fn pin(pid: i32, cpus: &[usize]) {
+pub(crate) fn pin(pid: i32, cpus: &[usize]) {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         for &c in cpus {
@@ -410,24 +534,7 @@ fn getcpu() -> usize {
     unsafe { libc::sched_getcpu() as usize }
 }
 
-/// A spinner pinned to `cpu`, SCHED_IDLE if `idle`.
-fn spinner(cpu: usize, idle: bool) -> i32 {
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        pin(0, &[cpu]);
-        if idle {
-            let p = libc::sched_param { sched_priority: 0 };
-            unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &p) };
-        }
-        let mut x = 0u64;
-        loop {
-            x = std::hint::black_box(x.wrapping_add(1));
-        }
-    }
-    pid
-}
-
-fn kill_all(pids: &[i32]) {
+pub(crate) fn kill_all(pids: &[i32]) {
     for &p in pids {
         unsafe { libc::kill(p, libc::SIGKILL) };
     }
@@ -581,55 +688,103 @@ type Probe = Option<Vec<BTreeMap<String, i64>>>;
 /// and the decision, and the probes' reading at the decision.
 type Record = (String, usize, Vec<usize>, Probe);
 
-/// One round: a random spinner load, then up to four placements on it.
-fn round(rng: &mut Lcg, nr: usize, topo: &str, id: &mut usize, left: usize) -> usize {
+/// What every record of a round shares.
+struct RoundCtx<'a> {
+    nr: usize,
+    topo: &'a str,
+    seed: u64,
+    profile: Profile,
+}
+
+const KINDS: [&str; 4] = ["wakeup-sync", "wakeup", "fork", "exec"];
+
+/// One round: the profile's load, then up to four placements on it. An
+/// attempt that gives no record prints `DROP kind reason`, so the harness
+/// counts it.
+fn round(rng: &mut Lcg, ctx: &RoundCtx, id: &mut usize, left: usize) -> usize {
+    let nr = ctx.nr;
     pin(0, &(0..nr).collect::<Vec<_>>());
-    let mut spin = Vec::new();
-    let mut busy = vec![false; nr];
-    let want = rng.below(nr + 1);
-    for _ in 0..want {
-        let c = rng.below(nr);
-        if !busy[c] || rng.below(4) == 0 {
-            busy[c] = true;
-            spin.push(spinner(c, rng.below(4) == 0));
-        }
-    }
+    let avail = fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
+        .unwrap_or_default();
+    println!(
+        "ROUND seed={} profile={} mem_available_kb={avail}",
+        ctx.seed,
+        ctx.profile.name()
+    );
+    let llc = LLC.lock().unwrap().clone();
+    let load = Load::start(ctx.profile, rng, nr, &llc);
     std::thread::sleep(Duration::from_millis(400));
     let mut n = 0;
     for k in 0..4.min(left) {
-        let kind = (k + rng.below(4)) % 4;
-        let this = rng.below(nr);
+        let kind = ctx.profile.kind(rng, k);
         let mut allowed: Vec<usize> = (0..nr).collect();
         if rng.below(5) == 0 {
             allowed.retain(|_| rng.below(2) == 0);
         }
+        if allowed.is_empty() {
+            allowed.push(rng.below(nr));
+        }
+        // A fork or exec is made on an allowed CPU (the parent runs there).
+        let this = if kind >= 2 {
+            allowed[rng.below(allowed.len())]
+        } else {
+            rng.below(nr)
+        };
+        let flips = if ctx.profile == Profile::WakeStorm {
+            (
+                [0, 10, 40, 100, 200][rng.below(5)],
+                [0, 4, 10, 20][rng.below(4)],
+            )
+        } else {
+            (0, 0)
+        };
         let rec = match kind {
-            0 | 1 => wakeup(rng, nr, this, &allowed, kind == 0),
+            0 | 1 => wakeup(rng, nr, this, &allowed, kind == 0, flips, &load.helpers),
             2 => fork(nr, this, &allowed),
             _ => exec(nr, this, &allowed),
         };
-        if let Some((body, cpu, stale, probe)) = rec {
-            *id += 1;
-            let (body, hidden) = match probe {
-                Some(p) => at_decision(&body, &p),
-                None => (body, String::new()),
-            };
-            println!(
-                "SCN {{\"name\":\"k{id}\",\"kernel\":\"6.12\",\"generator\":{{\"stale_cpus\":{stale:?}{hidden}}},\"topology\":{topo},{body},\"expected\":{{\"cpu\":{cpu}}}}}"
-            );
-            n += 1;
+        match rec {
+            Ok(r) => {
+                *id += 1;
+                print_record(ctx, *id, r);
+                n += 1;
+            }
+            Err(why) => println!("DROP {} {why}", KINDS[kind]),
         }
         std::thread::sleep(Duration::from_millis(30));
     }
-    kill_all(&spin);
+    load.stop();
     n
 }
 
+/// Prints one record as a scenario line. The expected CPU is the return
+/// value of `select_task_rq_fair()` where the return probe caught it; the
+/// CPU the task was seen on (`observed`) is kept beside it.
+fn print_record(ctx: &RoundCtx, id: usize, (body, cpu, stale, probe): Record) {
+    let (body, hidden, ret) = match probe {
+        Some(p) => at_decision(&body, &p),
+        None => (body, String::new(), None),
+    };
+    let expected = ret.unwrap_or(cpu);
+    println!(
+        "SCN {{\"name\":\"k{id}\",\"kernel\":\"6.12\",\"generator\":{{\"seed\":{},\"profile\":\"{}\",\"observed\":{cpu},\"returned\":{},\"stale_cpus\":{stale:?}{hidden}}},\"topology\":{},{body},\"expected\":{{\"cpu\":{expected}}}}}",
+        ctx.seed,
+        ctx.profile.name(),
+        ret.map_or("null".to_string(), |r| r.to_string()),
+        ctx.topo,
+    );
+}
+
 /// The record's body with the per-CPU state, prev and `recent_used_cpu`
-/// the probes read at the decision, and the LLCs' `nr_idle_scan` /
-/// `has_idle_cores` as `llc` hints; and the generator's note of the source
-/// and of every `sgc->imbalance` found set (the format fixes it at 0).
-fn at_decision(body: &str, p: &[BTreeMap<String, i64>]) -> (String, String) {
+/// the probes read at the decision, the LLCs' `nr_idle_scan` /
+/// `has_idle_cores` as `llc` hints and every group with `sgc->imbalance`
+/// set as the `sgc_imbalance` hint; the generator's note of the source; and
+/// the value `select_task_rq_fair()` returned, if the return probe caught it.
+fn at_decision(body: &str, p: &[BTreeMap<String, i64>]) -> (String, String, Option<usize>) {
     let v = |c: usize, k: &str| p[c].get(k).copied().unwrap_or(0);
     let mut cpus = String::from("[");
     for c in 0..p.len() {
@@ -679,18 +834,19 @@ fn at_decision(body: &str, p: &[BTreeMap<String, i64>]) -> (String, String) {
     }
     let hints: Vec<String> = hints.into_values().collect();
     let _ = write!(out, ",\"llc\":{{{}}}", hints.join(","));
-    let mut imb = Vec::new();
-    for (c, m) in p.iter().enumerate() {
-        for (k, &x) in m {
-            if let Some(lvl) = k.strip_prefix("im")
-                && x != 0
-            {
-                imb.push(format!("[{c},{lvl}]"));
-            }
-        }
+    let (marks, imb) = sgc_marks(p);
+    if !marks.is_empty() {
+        let keys: Vec<String> = marks
+            .iter()
+            .map(|(level, spans)| {
+                let l: Vec<String> = spans.iter().map(|s| format!("\"{s}\"")).collect();
+                format!("\"{level}\":[{}]", l.join(","))
+            })
+            .collect();
+        let _ = write!(out, ",\"sgc_imbalance\":{{{}}}", keys.join(","));
     }
     let hidden = format!(
-        ",\"source\":\"kprobe\",\"changed_during\":{:?},\"on_cpu\":{},\"wake_flags\":{},\"sgc_imbalance\":[{}]",
+        ",\"source\":\"kprobe\",\"changed_during\":{:?},\"on_cpu\":{},\"wake_flags\":{},\"sgc_marks\":[{}]",
         (0..p.len())
             .filter(|c| v(0, "changed") >> c & 1 == 1)
             .collect::<Vec<_>>(),
@@ -698,7 +854,43 @@ fn at_decision(body: &str, p: &[BTreeMap<String, i64>]) -> (String, String) {
         v(0, "wf"),
         imb.join(",")
     );
-    (out, hidden)
+    let ret = p[0].get("ret").and_then(|&r| usize::try_from(r).ok());
+    (out, hidden, ret)
+}
+
+/// The groups with `sgc->imbalance` set at the decision. The probe of CPU c
+/// reads, at each level l above the lowest, the flag of its domain's local
+/// group (the balancer sets it there: `sd_parent->groups->sgc`), whose span
+/// is c's domain at level l - 1; every group of a level is some CPU's local
+/// group, so this is every group's flag. Returns (level name -> cpulists)
+/// and the raw `[cpu,level]` pairs.
+fn sgc_marks(p: &[BTreeMap<String, i64>]) -> (BTreeMap<String, Vec<String>>, Vec<String>) {
+    let doms = DOMS.lock().unwrap();
+    let mut marks: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut raw = Vec::new();
+    for (c, m) in p.iter().enumerate() {
+        for (k, &x) in m {
+            let Some(lvl) = k.strip_prefix("im").and_then(|l| l.parse::<usize>().ok()) else {
+                continue;
+            };
+            if x == 0 {
+                continue;
+            }
+            raw.push(format!("[{c},{lvl}]"));
+            let (Some((name, _)), Some((_, child))) = (
+                doms.get(c).and_then(|d| d.get(lvl)),
+                doms.get(c).and_then(|d| d.get(lvl - 1)),
+            ) else {
+                continue;
+            };
+            let span = cpulist_str(child);
+            let at = marks.entry(name.clone()).or_default();
+            if !at.contains(&span) {
+                at.push(span);
+            }
+        }
+    }
+    (marks, raw)
 }
 
 /// A wakeup's body with `wake_wide()`'s inputs as the probes read them: the
@@ -785,8 +977,18 @@ fn set_int(body: &str, key: &str, val: i64) -> String {
 
 /// A wakee forked on a random CPU (its `recent_used_cpu`), moved to `prev`
 /// and blocked; the controller, pinned to `this`, wakes it through a pipe
-/// (sync) or a futex (not sync).
-fn wakeup(rng: &mut Lcg, nr: usize, this: usize, allowed: &[usize], sync: bool) -> Option<Record> {
+/// (sync) or a futex (not sync). With `flips` (waker, wakee) the controller
+/// and the wakee first wake that many helpers each (`helpers`, the
+/// wake-storm profile's), so both carry real `wakee_flips`.
+fn wakeup(
+    rng: &mut Lcg,
+    nr: usize,
+    this: usize,
+    allowed: &[usize],
+    sync: bool,
+    flips: (usize, usize),
+    helpers: &[i32],
+) -> Result<Record, &'static str> {
     let mut allowed = allowed.to_vec();
     let prev = if allowed.is_empty() {
         rng.below(nr)
@@ -813,6 +1015,7 @@ fn wakeup(rng: &mut Lcg, nr: usize, this: usize, allowed: &[usize], sync: bool) 
     let child = unsafe { libc::fork() };
     if child == 0 {
         pin(0, &[prev]);
+        Load::wake_helpers(helpers, flips.1);
         pin(0, &allowed);
         if sync {
             let mut b = [0u8; 1];
@@ -828,6 +1031,7 @@ fn wakeup(rng: &mut Lcg, nr: usize, this: usize, allowed: &[usize], sync: bool) 
     }
     pin(0, &[this]);
     std::thread::sleep(Duration::from_millis(40));
+    Load::wake_helpers(helpers, flips.0);
     let ok = getcpu() == this && task_cpu(child) == Some(prev);
     let t = task_avgs(child);
     let me = task_avgs(unsafe { libc::getpid() });
@@ -851,9 +1055,9 @@ fn wakeup(rng: &mut Lcg, nr: usize, this: usize, allowed: &[usize], sync: bool) 
         libc::munmap(futex.cast(), 4096);
     }
     if !ok {
-        return None;
+        return Err("wakee_or_waker_not_where_placed");
     }
-    let cpu = got?;
+    let cpu = got.ok_or("no_wakeup_in_trace")?;
     let g = |m: &BTreeMap<String, i64>, k: &str| m.get(k).copied().unwrap_or(0);
     let body = format!(
         "\"cpus\":{cpus},\"task\":{{\"prev_cpu\":{prev},\"recent_used_cpu\":{forked_on},\"cpus_allowed\":\"{}\",\"util_avg\":{},\"util_est\":{},\"runnable_avg\":{},\"load_avg\":{}}},\"request\":{{\"kind\":\"wakeup\",\"this_cpu\":{this},\"sync\":{sync},\"waker_load\":{},\"waker_last_wakee_is_task\":false}}",
@@ -864,7 +1068,7 @@ fn wakeup(rng: &mut Lcg, nr: usize, this: usize, allowed: &[usize], sync: bool) 
         h_load(g(&t, "se.avg.load_avg"), rqs[prev].load_avg),
         h_load(g(&me, "se.avg.load_avg"), rqs[this].load_avg),
     );
-    Some((body, cpu, stale, probe))
+    Ok((body, cpu, stale, probe))
 }
 
 /// The CPU a task last ran on (field 39 of /proc/PID/stat).
@@ -875,10 +1079,7 @@ fn task_cpu(pid: i32) -> Option<usize> {
 }
 
 /// The controller, running on `this` with the mask `allowed`, forks.
-fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
-    if !allowed.contains(&this) {
-        return None;
-    }
+fn fork(nr: usize, this: usize, allowed: &[usize]) -> Result<Record, &'static str> {
     pin(0, &[this]);
     std::thread::sleep(Duration::from_millis(5));
     pin(0, allowed);
@@ -887,7 +1088,7 @@ fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
     let rqs = read_rqs(nr);
     let cpus = cpus_json(&rqs);
     if getcpu() != this {
-        return None;
+        return Err("parent_not_on_this_cpu");
     }
     let child = unsafe { libc::fork() };
     if child == 0 {
@@ -896,23 +1097,20 @@ fn fork(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
     let still = getcpu() == this;
     unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
     let (cpu, stale, probe) = traced_target("sched_wakeup_new", child, WF_FORK);
-    let cpu = cpu?;
+    let cpu = cpu.ok_or("no_wakeup_new_in_trace")?;
     if !still {
-        return None;
+        return Err("parent_moved_during_fork");
     }
     let body = format!(
         "\"cpus\":{cpus},\"task\":{{\"cpus_allowed\":\"{}\"}},\"request\":{{\"kind\":\"fork\",\"this_cpu\":{this}}}",
         cpulist_str(allowed),
     );
-    Some((body, cpu, stale, probe))
+    Ok((body, cpu, stale, probe))
 }
 
 /// A child running on `this` with the mask `allowed` records the state and
 /// execs this program, which reports where `sched_exec()` put it.
-fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
-    if !allowed.contains(&this) {
-        return None;
-    }
+fn exec(nr: usize, this: usize, allowed: &[usize]) -> Result<Record, &'static str> {
     let mut res = [0i32; 2];
     let mut rec = [0i32; 2];
     unsafe {
@@ -984,12 +1182,15 @@ fn exec(nr: usize, this: usize, allowed: &[usize]) -> Option<Record> {
         libc::close(res[0]);
         libc::close(rec[0]);
     }
-    let body = String::from_utf8(body).ok()?;
-    let (here, body) = body.split_once('\n')?;
-    if k != 4 || here.parse::<usize>().ok()? != this {
-        return None;
+    let body = String::from_utf8(body).map_err(|_| "exec_record_unreadable")?;
+    let (here, body) = body.split_once('\n').ok_or("exec_record_unreadable")?;
+    if k != 4 {
+        return Err("exec_image_gave_no_cpu");
     }
-    Some((
+    if here.parse::<usize>().ok() != Some(this) {
+        return Err("execing_task_not_on_this_cpu");
+    }
+    Ok((
         body.to_string(),
         u32::from_le_bytes(b) as usize,
         stale,

@@ -235,10 +235,14 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     f.write_all(ret.as_bytes())
         .map_err(|e| format!("kprobe_events refused ({e}): {ret}"))?;
-    for c in 0..nr {
-        let _ = fs::write(format!("{trace}/events/fp/c{c}/enable"), "1");
+    // Only decisions made by the harness's own tasks (the load's tasks are
+    // named `fpload`): a decision runs in the waker's, parent's or exec'ing
+    // task's context, and every placed task's is one of ours. The load's
+    // own wakeups would fill the buffer with events nobody reads.
+    for ev in (0..nr).map(|c| format!("c{c}")).chain(["fpret".to_string()]) {
+        let _ = fs::write(format!("{trace}/events/fp/{ev}/filter"), "comm == \"init\"");
+        let _ = fs::write(format!("{trace}/events/fp/{ev}/enable"), "1");
     }
-    let _ = fs::write(format!("{trace}/events/fp/fpret/enable"), "1");
     Ok(())
 }
 
@@ -312,7 +316,28 @@ pub fn decision(
         .unwrap_or(0) as usize;
     let on = out[0].get("on").copied().unwrap_or(-1);
     out[0].insert("changed".into(), changed_during(t, start, on, pid));
+    if let Some(ret) = returned(t, start, on) {
+        out[0].insert("ret".into(), ret);
+    }
     Some(out)
+}
+
+/// The value the return probe saw on the deciding CPU `on` after the entry
+/// events that start at line `start`: the decision's own answer.
+fn returned(t: &str, start: usize, on: i64) -> Option<i64> {
+    t.lines()
+        .skip(start)
+        .find(|l| {
+            l.contains(" fpret: (")
+                && l.find('[')
+                    .and_then(|i| l[i + 1..].split(']').next())
+                    .and_then(|c| c.parse::<i64>().ok())
+                    == Some(on)
+        })?
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ret="))?
+        .parse()
+        .ok()
 }
 
 /// The CPUs (a bit mask) whose state changed in the trace after the probe
