@@ -12,8 +12,10 @@ dropped attempts, and compared/agreeing counts per load profile and per path;
 every disagreement; the same counts over all topologies; and as the last line
 `kernel agreement A/N (P%) over T topologies, kernel K; R records, S set aside`.
 Exits 1 when agreement is below MIN_PERCENT, fewer than FP_KERNEL_MIN_COMPARED
-were compared, more than FP_KERNEL_MAX_SET_ASIDE percent of the records were
-set aside (environment; defaults 0 and 100), a record line does not parse, a
+were compared, fewer than FP_KERNEL_MIN_SGC records carrying the
+`sgc_imbalance` hint were compared, a profile of FP_KERNEL_PROFILES has no
+compared record, more than FP_KERNEL_MAX_SET_ASIDE percent of the records were
+set aside (environment; defaults 0, 0, all, 100), a record line does not parse, a
 guest did not finish or lost records, `decide` fails or answers short or
 rejects a record, a wakeup's or fork's traced CPU is not the one
 select_task_rq_fair() returned, a topology check fails, or a guest gave no
@@ -89,14 +91,22 @@ def parse_log(path):
 
 def expected_domains(topo):
     """The non-degenerate domain spans the scenario topology implies per CPU
-    (SMT core, LLC, node, then all), without repeats."""
+    (SMT core, LLC, node, the nodes within each larger distance, then all),
+    without repeats."""
     cpus = topo["cpus"]
+    dist = topo.get("numa_distance") or []
+    levels = sorted({d for row in dist for d in row})[1:]
     out = {}
     for c in cpus:
         spans = []
         for key in ("core", "llc", "node"):
             s = [d["id"] for d in cpus if d[key] == c[key]]
             if len(s) > 1 and (not spans or s != spans[-1]):
+                spans.append(s)
+        for dj in levels:
+            row = dist[c["node"]]
+            s = [d["id"] for d in cpus if row[d["node"]] <= dj]
+            if not spans or s != spans[-1]:
                 spans.append(s)
         alls = [d["id"] for d in cpus]
         if not spans or spans[-1] != alls:
@@ -270,6 +280,8 @@ def compare_topology(decide, path, totals):
             skipped[why][1] += d.get("cpu") == want
             continue
         agree = d.get("cpu") == want
+        if "sgc_imbalance" in s:
+            totals["sgc"].add(kind, agree)
         per_path.add(f"{kind}/{d.get('path', 'error')}", agree)
         per_profile.add(gen.get("profile", "light"), agree)
         totals["path"].add(f"{kind}/{d.get('path', 'error')}", agree)
@@ -315,7 +327,7 @@ def compare_topology(decide, path, totals):
 
 def main():
     decide, min_pct, logs = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-    totals = {"unames": set(), "path": Tally(), "profile": Tally(), "aside": defaultdict(int)}
+    totals = {"unames": set(), "path": Tally(), "profile": Tally(), "sgc": Tally(), "aside": defaultdict(int)}
     total_ok = total_n = total_r = total_s = 0
     failed = False
     for path in logs:
@@ -329,6 +341,18 @@ def main():
     print("\n".join(totals["profile"].lines("  ")))
     print("all topologies, by path:")
     print("\n".join(totals["path"].lines("  ")))
+    print("records with the sgc_imbalance hint, by kind:")
+    print("\n".join(totals["sgc"].lines("  ")))
+    sgc_n = sum(b for _, b in totals["sgc"].n.values())
+    min_sgc = int(os.environ.get("FP_KERNEL_MIN_SGC", "0"))
+    if sgc_n < min_sgc:
+        print(f"only {sgc_n} records with the sgc_imbalance hint compared, fewer than {min_sgc}")
+        failed = True
+    # Every profile asked for must have been exercised.
+    for want in os.environ.get("FP_KERNEL_PROFILES", "").split():
+        if want not in totals["profile"].n:
+            print(f"no compared record under the load profile {want}")
+            failed = True
     print(
         "set aside (evidence of a race): "
         + (", ".join(f"{k} {c}" for k, c in sorted(totals["aside"].items())) or "none")

@@ -17,6 +17,7 @@
 #   FP_KERNEL_MIN         minimum agreement in percent (default 99.5)
 #   FP_KERNEL_MIN_COMPARED  fail when fewer placements were compared (default 0)
 #   FP_KERNEL_MAX_SET_ASIDE fail when more records (percent) were set aside (default 3)
+#   FP_KERNEL_MIN_SGC     fail when fewer records with the sgc_imbalance hint were compared (default 0)
 # The last line printed is
 # `kernel agreement A/N (P%) over T topologies, kernel K; R records, S set aside`.
 set -euo pipefail
@@ -26,7 +27,8 @@ WORK="$ROOT/target/kernel-fidelity"
 PLACEMENTS="${FP_KERNEL_PLACEMENTS:-500}"
 ALL_TOPOLOGIES="smt2-numa smt1-llc8 two-llc-node smt4 numa4 many-llc16 smt2-2llc16 big32"
 TOPOLOGIES="${FP_KERNEL_TOPOLOGIES:-$ALL_TOPOLOGIES}"
-PROFILES="${FP_KERNEL_PROFILES:-light busy oversubscribed llc-full cgroups wake-storm exec-heavy}"
+export FP_KERNEL_PROFILES="${FP_KERNEL_PROFILES:-light busy oversubscribed llc-full cgroups wake-storm exec-heavy}"
+PROFILES="$FP_KERNEL_PROFILES"
 SEEDS="${FP_KERNEL_SEED:-1 2 3}"
 MIN="${FP_KERNEL_MIN:-99.5}"
 export FP_KERNEL_MAX_SET_ASIDE="${FP_KERNEL_MAX_SET_ASIDE:-3}"

@@ -39,6 +39,21 @@ static DOMS: Mutex<Vec<Vec<(String, Vec<usize>)>>> = Mutex::new(Vec::new());
 
 const TRACE: &str = "/sys/kernel/tracing";
 
+/// Whether the decision probes are defined (`probe::define` succeeded).
+static PROBES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The runqueues from `sched/debug`, or nothing when the decision probes
+/// will read them at the decision (`probed`): printing `sched/debug` walks
+/// every task and is most of a placement's cost under TCG, and a probed
+/// record replaces every field read here.
+fn read_rqs_unless(nr: usize, probed: bool) -> Vec<Rq> {
+    if probed && PROBES.load(std::sync::atomic::Ordering::Relaxed) {
+        vec![Rq::default(); nr]
+    } else {
+        read_rqs(nr)
+    }
+}
+
 /// The wake flags (kernel/sched/sched.h) that tell a decision's kind.
 const WF_EXEC: i64 = 0x02;
 const WF_FORK: i64 = 0x04;
@@ -403,7 +418,10 @@ fn setup_trace(levels: &[usize]) {
         println!("NOTE no kprobe on sched_balance_newidle: idle stamps from sched_switch only");
     }
     match probe::define(TRACE, online_cpus(), levels) {
-        Ok(()) => println!("NOTE decision probes on select_task_rq_fair"),
+        Ok(()) => {
+            PROBES.store(true, std::sync::atomic::Ordering::Relaxed);
+            println!("NOTE decision probes on select_task_rq_fair")
+        }
         Err(e) => {
             println!("NOTE no decision probes ({e}): records from sched/debug and tracefs only")
         }
@@ -465,8 +483,18 @@ fn drain_trace(clear: bool) -> String {
     t
 }
 
+/// Empties the trace buffer before a placement. Without the decision
+/// probes the events since the last read still update the idle stamps;
+/// with them nothing in the buffer is needed (a probed record reads
+/// `rq->idle_stamp` itself, and a record without probes is a wakeup or fork
+/// with one allowed CPU, which reads no stamp), and formatting a buffer
+/// that a round's settling filled is most of a placement's time under TCG.
 fn clear_trace() {
-    drain_trace(true);
+    if PROBES.load(std::sync::atomic::Ordering::Relaxed) {
+        let _ = fs::write(format!("{TRACE}/trace"), "");
+    } else {
+        drain_trace(true);
+    }
 }
 
 /// The target CPU of the first `event` line for `pid` in the trace buffer,
@@ -474,7 +502,8 @@ fn clear_trace() {
 fn traced_target(event: &str, pid: i32, flag: i64) -> (Option<usize>, Vec<usize>, Probe) {
     let t = drain_trace(true);
     let pat = format!(" pid={pid} ");
-    let is_answer = |l: &str| l.contains(&format!(" {event}: ")) && l.contains(&pat);
+    let ev = format!(" {event}: ");
+    let is_answer = |l: &str| l.contains(&ev) && l.contains(&pat);
     let stale = stale_cpus(&t, is_answer);
     let probe = probe::decision(&t, online_cpus(), pid, flag, is_answer);
     let cpu = t.lines().find(|l| is_answer(l)).and_then(|l| {
@@ -710,14 +739,18 @@ fn round(rng: &mut Lcg, ctx: &RoundCtx, id: &mut usize, left: usize) -> usize {
         .find(|l| l.starts_with("MemAvailable:"))
         .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
         .unwrap_or_default();
+    let uptime = fs::read_to_string("/proc/uptime").unwrap_or_default();
     println!(
-        "ROUND seed={} profile={} mem_available_kb={avail}",
+        "ROUND seed={} profile={} mem_available_kb={avail} uptime={}",
         ctx.seed,
-        ctx.profile.name()
+        ctx.profile.name(),
+        uptime.split_whitespace().next().unwrap_or("?")
     );
     let llc = LLC.lock().unwrap().clone();
     let load = Load::start(ctx.profile, rng, nr, &llc);
-    std::thread::sleep(Duration::from_millis(400));
+    // PELT's half-life is 32 ms: 250 ms settles a new spinner's signals
+    // within half a percent.
+    std::thread::sleep(Duration::from_millis(250));
     let mut n = 0;
     for k in 0..4.min(left) {
         let kind = ctx.profile.kind(rng, k);
@@ -1037,7 +1070,7 @@ fn wakeup(
     let me = task_avgs(unsafe { libc::getpid() });
     clear_trace();
     mark_state_read();
-    let rqs = read_rqs(nr);
+    let rqs = read_rqs_unless(nr, allowed.len() > 1);
     let cpus = cpus_json(&rqs);
     if sync {
         unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) };
@@ -1085,7 +1118,7 @@ fn fork(nr: usize, this: usize, allowed: &[usize]) -> Result<Record, &'static st
     pin(0, allowed);
     clear_trace();
     mark_state_read();
-    let rqs = read_rqs(nr);
+    let rqs = read_rqs_unless(nr, allowed.len() > 1);
     let cpus = cpus_json(&rqs);
     if getcpu() != this {
         return Err("parent_not_on_this_cpu");
@@ -1128,7 +1161,8 @@ fn exec(nr: usize, this: usize, allowed: &[usize]) -> Result<Record, &'static st
         let me = task_avgs(unsafe { libc::getpid() });
         drain_trace(false);
         mark_state_read();
-        let rqs = read_rqs(nr);
+        // sched_exec() calls the class callback whatever the affinity.
+        let rqs = read_rqs_unless(nr, true);
         let here = getcpu();
         let g = |k: &str| me.get(k).copied().unwrap_or(0);
         let body = format!(

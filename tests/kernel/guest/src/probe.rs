@@ -264,7 +264,7 @@ pub fn decision(
             break;
         }
         let Some(i) = l.find(": c") else { continue };
-        if !l.contains("select_task_rq_fair") || !(l.to_string() + " ").contains(&pat) {
+        if !l.contains("select_task_rq_fair") || !has_pid(l, &pat) {
             continue;
         }
         let Some(c) = l[i + 3..]
@@ -322,6 +322,12 @@ pub fn decision(
     Some(out)
 }
 
+/// Whether a trace line names the task: `pat` is `" pid=N "`, and the
+/// field may end the line.
+fn has_pid(l: &str, pat: &str) -> bool {
+    l.contains(pat) || l.ends_with(pat.trim_end())
+}
+
 /// The value the return probe saw on the deciding CPU `on` after the entry
 /// events that start at line `start`: the decision's own answer.
 fn returned(t: &str, start: usize, on: i64) -> Option<i64> {
@@ -365,7 +371,7 @@ fn changed_during(t: &str, start: usize, on: i64, pid: i32) -> i64 {
         if l.contains(" fpret: (") && cpu_of(l) == Some(on) {
             break;
         }
-        let ours = (l.to_string() + " ").contains(&pat);
+        let ours = has_pid(l, &pat);
         let decided = [
             " sched_migrate_task: ",
             " sched_wakeup: ",
