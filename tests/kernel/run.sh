@@ -6,8 +6,10 @@
 # and compares them with `fairplace-server decide` (tests/kernel/compare.py).
 #
 # Environment:
-#   FP_KERNEL_PLACEMENTS  placements per topology (default 500), shared out
-#                         equally among the seeds
+#   FP_KERNEL_PLACEMENTS  placements per topology (default 420; big32 a
+#                         quarter of it), shared out equally among the seeds;
+#                         FP_KERNEL_PLACEMENTS_<topology, - as _> sets one
+#   FP_KERNEL_JOBS        guests run at a time (default 2)
 #   FP_KERNEL_TOPOLOGIES  space-separated subset of the topologies in
 #                         qemu_args below (default: all eight)
 #   FP_KERNEL_PROFILES    space-separated load profiles, one chosen per round
@@ -24,7 +26,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 WORK="$ROOT/target/kernel-fidelity"
-PLACEMENTS="${FP_KERNEL_PLACEMENTS:-500}"
+PLACEMENTS="${FP_KERNEL_PLACEMENTS:-420}"
 ALL_TOPOLOGIES="smt2-numa smt1-llc8 two-llc-node smt4 numa4 many-llc16 smt2-2llc16 big32"
 TOPOLOGIES="${FP_KERNEL_TOPOLOGIES:-$ALL_TOPOLOGIES}"
 export FP_KERNEL_PROFILES="${FP_KERNEL_PROFILES:-light busy oversubscribed llc-full cgroups wake-storm exec-heavy}"
@@ -123,23 +125,28 @@ qemu_args() {
 # The guest needs the kernel's HZ (record_wakee() decays a waker's flips
 # once a second of jiffies has passed); it is a build option.
 HZ_CONFIG="$(sed -n 's/^CONFIG_HZ=//p' "$WORK/kernel/config")"
-# A guest makes a placement in about a second under TCG (more with 32
-# vCPUs on two host CPUs); one that takes far longer is stuck.
-GUEST_TIMEOUT=$((600 + 8 * PLACEMENTS))
-logs=()
-boot_guest() {
+# Placements per topology: FP_KERNEL_PLACEMENTS_<name, - as _> if set; a
+# 32-CPU guest places a task in about ten seconds under TCG on two host
+# CPUs, so big32 makes a quarter of the others' unless told.
+placements_for() {
+    local v="FP_KERNEL_PLACEMENTS_${1//-/_}" def="$PLACEMENTS"
+    [ "$1" = big32 ] && def=$((PLACEMENTS / 4))
+    echo "${!v:-$def}"
+}
+boot_guest() { # topology log placements
+    # One host thread for all vCPUs: multi-threaded TCG now and then
+    # crashes the guest while it patches its own text, and sets aside more
+    # records (a vCPU stalls inside a decision) for little speed.
     # shellcheck disable=SC2046
-    # One host thread for every vCPU: multi-threaded TCG now and then
-    # crashes the guest while it patches its own text, and is no faster on
-    # two host CPUs.
-    timeout "$GUEST_TIMEOUT" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
+    timeout "$((600 + 12 * $3))" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
         -kernel "$WORK/kernel/vmlinuz" -initrd "$WORK/initrd.gz" \
-        -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$PLACEMENTS fp.seed=${SEEDS// /,} fp.profiles=${PROFILES// /,} fp.hz=$HZ_CONFIG" \
+        -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$3 fp.seed=${SEEDS// /,} fp.profiles=${PROFILES// /,} fp.hz=$HZ_CONFIG" \
         -display none -monitor none -serial "file:$2" -no-reboot 2>"$WORK/$1.qemu.err" || true
 }
-for t in $TOPOLOGIES; do
-    out="$WORK/$t.log"
-    log "booting $t ($PLACEMENTS placements, seeds $SEEDS, profiles $PROFILES)"
+run_topology() { # topology: boots it (again after an early crash), prints its line
+    local t=$1 out="$WORK/$1.log" n start end boot
+    n=$(placements_for "$t")
+    log "booting $t ($n placements, seeds $SEEDS, profiles $PROFILES)"
     # Under TCG a guest kernel now and then dies on an int3 while it patches
     # its own text (jump labels), before the test program has recorded
     # anything. Such a guest is booted again (twice at most) and the crash
@@ -147,7 +154,7 @@ for t in $TOPOLOGIES; do
     for attempt in 1 2 3; do
         rm -f "$out"
         start=$(date +%s.%N)
-        boot_guest "$t" "$out"
+        boot_guest "$t" "$out" "$n"
         end=$(date +%s.%N)
         grep -q '^SCN' "$out" && break
         grep -q 'Oops\|Kernel panic' "$out" || break
@@ -156,9 +163,20 @@ for t in $TOPOLOGIES; do
     # The kernel's clock at its last sched_verbose line: boot to init.
     boot=$(sed -n 's/^KDOM \[ *\([0-9.]*\)\].*/\1/p' "$out" | tail -1)
     printf '%s: guest ran %.1f s (kernel booted in %s s of it), %s records\n' \
-        "$t" "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "${boot:-?}" "$(grep -c '^SCN' "$out" || true)"
-    logs+=("$out")
+        "$t" "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "${boot:-?}" "$(grep -c '^SCN' "$out" || true)" \
+        >"$WORK/$t.summary"
+}
+# FP_KERNEL_JOBS guests at a time (default 2: each uses one host CPU).
+JOBS="${FP_KERNEL_JOBS:-2}"
+logs=()
+for t in $TOPOLOGIES; do
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+    rm -f "$WORK/$t.summary"
+    run_topology "$t" &
+    logs+=("$WORK/$t.log")
 done
+wait
+for t in $TOPOLOGIES; do cat "$WORK/$t.summary" 2>/dev/null || echo "$t: no summary"; done
 
 # 5. Compare.
 python3 "$ROOT/tests/kernel/compare.py" "$DECIDE" "$MIN" "${logs[@]}"
