@@ -228,6 +228,39 @@ def disagreement(jsonl, i, s, d):
     )
 
 
+def idle(c):
+    """`available_idle_cpu()` of a record's CPU."""
+    return c.get("nr_running", 0) == 0 and c.get("curr_is_idle", True) and not c.get("ttwu_pending", False)
+
+
+def hardness(s, d, h):
+    """Counts how hard a record's load is: prev idle at a wakeup (which ends
+    select_idle_sibling() at once), no idle allowed CPU at all, an LLC scan
+    budget (SIS_UTIL's nr_idle_scan) below the LLC's size, wake_wide() set
+    (want_affine false with this_cpu allowed), the sgc_imbalance hint."""
+    cpus = {c["id"]: c for c in s.get("cpus", [])}
+    n = len(s["topology"]["cpus"])
+    allowed = s["task"].get("cpus_allowed")
+    allowed = set(cpulist(allowed)) if allowed else set(range(n))
+    h["records"] += 1
+    if not any(idle(cpus.get(i, {})) for i in allowed):
+        h["no idle allowed CPU"] += 1
+    if "sgc_imbalance" in s:
+        h["sgc_imbalance hint"] += 1
+    if s["request"]["kind"] != "wakeup":
+        return
+    h["wakeups"] += 1
+    if idle(cpus.get(s["task"].get("prev_cpu"), {})):
+        h["wakeups with prev idle"] += 1
+    topo = {c["id"]: c for c in s["topology"]["cpus"]}
+    llc = topo[s["task"].get("prev_cpu", 0)]["llc"]
+    size = sum(c["llc"] == llc for c in topo.values())
+    if s.get("llc", {}).get(str(llc), {}).get("nr_idle_scan", size) < size:
+        h["wakeups with prev's LLC scan budget below its size"] += 1
+    if s["request"]["this_cpu"] in allowed and not d.get("detail", {}).get("want_affine", True):
+        h["wakeups with wake_wide()"] += 1
+
+
 def check_log(name, log):
     """The ways a guest can lose records; each fails the run."""
     problems = list(log["fail"])
@@ -274,6 +307,7 @@ def compare_topology(decide, path, totals):
             else:
                 mismatched += 1
                 print(f"ANSWERS DIFFER {name} {s['name']}: returned {ret}, traced {seen}")
+        hardness(s, d, totals["hard"])
         why = excluded(s)
         if why:
             skipped[why][0] += 1
@@ -327,7 +361,14 @@ def compare_topology(decide, path, totals):
 
 def main():
     decide, min_pct, logs = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-    totals = {"unames": set(), "path": Tally(), "profile": Tally(), "sgc": Tally(), "aside": defaultdict(int)}
+    totals = {
+        "unames": set(),
+        "path": Tally(),
+        "profile": Tally(),
+        "sgc": Tally(),
+        "aside": defaultdict(int),
+        "hard": defaultdict(int),
+    }
     total_ok = total_n = total_r = total_s = 0
     failed = False
     for path in logs:
@@ -341,6 +382,15 @@ def main():
     print("\n".join(totals["profile"].lines("  ")))
     print("all topologies, by path:")
     print("\n".join(totals["path"].lines("  ")))
+    h = totals["hard"]
+    print(
+        "the load: "
+        + ", ".join(
+            f"{k} {h[k]}/{h['wakeups' if k.startswith('wakeups ') else 'records']}"
+            for k in sorted(h)
+            if k not in ("records", "wakeups")
+        )
+    )
     print("records with the sgc_imbalance hint, by kind:")
     print("\n".join(totals["sgc"].lines("  ")))
     sgc_n = sum(b for _, b in totals["sgc"].n.values())
