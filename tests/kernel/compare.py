@@ -174,16 +174,35 @@ def excluded(s):
     - `stale`: without the decision probes, a CPU entered or left idle
       between the state read and the decision (seen in the trace);
     - `changed_during_decision`: between the probe reading and the end of
-      the decision (the return probe), the trace shows a CPU entering or
-      leaving idle, or being the target of another task's wakeup or an end
-      of its migration: the kernel reads the runqueues a little after the
-      probe, and a vCPU can stall in between under TCG."""
+      the decision (the return probe), the trace shows a CPU the decision
+      reads (`read_by_decision`) entering or leaving idle, being the target
+      of another task's wakeup or placement, or an end of its migration: the
+      kernel reads the runqueues a little after the probe, and a vCPU can
+      stall in between under TCG."""
     gen = s.get("generator", {})
     if gen.get("source") != "kprobe":
         return "stale" if gen.get("stale_cpus") else None
-    if gen.get("changed_during"):
+    if set(gen.get("changed_during", [])) & read_by_decision(s):
         return "changed_during_decision"
     return None
+
+
+def read_by_decision(s):
+    """The CPUs whose runqueues the kernel's decision reads. A wakeup (6.12
+    sets no SD_BALANCE_WAKE, so never the slow path) reads this_cpu and prev
+    (wake_affine()), the LLCs of both (the target is one of them:
+    select_idle_sibling() scans the target's LLC) and recent_used_cpu; a
+    fork or exec's slow path may read every CPU."""
+    topo = s["topology"]["cpus"]
+    if s["request"]["kind"] != "wakeup":
+        return {c["id"] for c in topo}
+    llc = {c["id"]: c["llc"] for c in topo}
+    ends = {s["request"]["this_cpu"], s["task"].get("prev_cpu")}
+    near = {llc.get(c) for c in ends}
+    out = {c for c, l in llc.items() if l in near} | ends
+    if s["task"].get("recent_used_cpu") is not None:
+        out.add(s["task"]["recent_used_cpu"])
+    return out
 
 
 class Tally:

@@ -255,7 +255,7 @@ impl Load {
         }
     }
 
-    /// A process that forks and execs short-lived images in a loop.
+    /// A process that forks and execs a short-lived image every 10 ms.
     fn churn(&mut self) {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
@@ -273,7 +273,7 @@ impl Load {
                     }
                 }
                 unsafe { libc::waitpid(c, std::ptr::null_mut(), 0) };
-                std::thread::sleep(Duration::from_millis(3));
+                std::thread::sleep(Duration::from_millis(10));
             }
         }
         self.pids.push(pid);

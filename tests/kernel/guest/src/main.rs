@@ -1065,6 +1065,10 @@ fn wakeup(
     pin(0, &[this]);
     std::thread::sleep(Duration::from_millis(40));
     Load::wake_helpers(helpers, flips.0);
+    if flips.0 > 0 {
+        // The helpers run and block again before the state is read.
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let ok = getcpu() == this && task_cpu(child) == Some(prev);
     let t = task_avgs(child);
     let me = task_avgs(unsafe { libc::getpid() });

@@ -238,11 +238,14 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
     // Only decisions made by the harness's own tasks (the load's tasks are
     // named `fpload`): a decision runs in the waker's, parent's or exec'ing
     // task's context, and every placed task's is one of ours. The load's
-    // own wakeups would fill the buffer with events nobody reads.
-    for ev in (0..nr).map(|c| format!("c{c}")).chain(["fpret".to_string()]) {
-        let _ = fs::write(format!("{trace}/events/fp/{ev}/filter"), "comm == \"init\"");
-        let _ = fs::write(format!("{trace}/events/fp/{ev}/enable"), "1");
+    // own wakeups would fill the buffer with events nobody reads. The
+    // return probe is not filtered: every other decision's answer is
+    // evidence of a CPU being claimed during ours (`changed_during`).
+    for c in 0..nr {
+        let _ = fs::write(format!("{trace}/events/fp/c{c}/filter"), "comm == \"init\"");
+        let _ = fs::write(format!("{trace}/events/fp/c{c}/enable"), "1");
     }
+    let _ = fs::write(format!("{trace}/events/fp/fpret/enable"), "1");
     Ok(())
 }
 
@@ -390,6 +393,12 @@ fn changed_during(t: &str, start: usize, on: i64, pid: i32) -> i64 {
             cpus.extend(cpu_of(l));
         } else if l.contains(" sched_wakeup") && !ours {
             cpus.extend(field(l, "target_cpu="));
+        } else if l.contains(" fpret: (") && cpu_of(l) != Some(on) {
+            // Another task's placement ended on another CPU: the CPU it
+            // chose gets a pending wakeup (`ttwu_pending`, or the task
+            // queued) before its sched_wakeup event is written, maybe
+            // while this decision reads it.
+            cpus.extend(field(l, "ret="));
         } else if l.contains(" sched_migrate_task: ") && !ours {
             cpus.extend(field(l, "orig_cpu="));
             cpus.extend(field(l, "dest_cpu="));
