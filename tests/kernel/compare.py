@@ -181,21 +181,31 @@ def excluded(s):
       stall in between under TCG."""
     gen = s.get("generator", {})
     if gen.get("source") != "kprobe":
-        return "stale" if gen.get("stale_cpus") else None
+        # A task with one allowed CPU gets it without a runqueue being read
+        # (select_task_rq() skips the class), so no change can matter.
+        return "stale" if set(gen.get("stale_cpus", [])) & read_by_decision(s) else None
     if set(gen.get("changed_during", [])) & read_by_decision(s):
         return "changed_during_decision"
     return None
 
 
 def read_by_decision(s):
-    """The CPUs whose runqueues the kernel's decision reads. A wakeup (6.12
-    sets no SD_BALANCE_WAKE, so never the slow path) reads this_cpu and prev
+    """The CPUs whose runqueues the kernel's decision reads. A wakeup or
+    fork of a task with one allowed CPU reads none (select_task_rq() returns
+    that CPU without calling the class); a wakeup (6.12 sets no
+    SD_BALANCE_WAKE, so never the slow path) reads this_cpu and prev
     (wake_affine()), the LLCs of both (the target is one of them:
     select_idle_sibling() scans the target's LLC) and recent_used_cpu; a
-    fork or exec's slow path may read every CPU."""
+    fork or exec's slow path reads the allowed CPUs."""
     topo = s["topology"]["cpus"]
+    allowed = s["task"].get("cpus_allowed")
+    allowed = set(cpulist(allowed)) if allowed else {c["id"] for c in topo}
+    if len(allowed) == 1 and s["request"]["kind"] != "exec":
+        return set()
     if s["request"]["kind"] != "wakeup":
-        return {c["id"] for c in topo}
+        # The slow path sums and searches the allowed CPUs of each group
+        # (capacities, the only other input, do not change).
+        return allowed
     llc = {c["id"]: c["llc"] for c in topo}
     ends = {s["request"]["this_cpu"], s["task"].get("prev_cpu")}
     near = {llc.get(c) for c in ends}

@@ -205,13 +205,16 @@ impl Load {
     /// and eight helpers blocked on pipes of their own (the placed wakee and
     /// its waker wake them to raise their flip counts).
     fn storm(&mut self, rng: &mut Lcg, nr: usize) {
-        for _ in 0..1 + rng.below(nr / 2 + 1) {
+        // A pair wakes its partner every 0.2 to 2 ms: enough to keep
+        // wakeups, flips and recent CPUs moving on every CPU, few enough
+        // that most placements see no other wakeup inside their decision.
+        for _ in 0..1 + rng.below(nr / 4 + 1) {
             let (mut a, mut b) = ([0i32; 2], [0i32; 2]);
             unsafe {
                 libc::pipe(a.as_mut_ptr());
                 libc::pipe(b.as_mut_ptr());
             }
-            let spin_us = [20, 100, 500][rng.below(3)];
+            let spin_us = [200, 500, 2000][rng.below(3)];
             for (rd, wr, first) in [(a[0], b[1], true), (b[0], a[1], false)] {
                 let pid = unsafe { libc::fork() };
                 if pid == 0 {

@@ -878,11 +878,18 @@ fn at_decision(body: &str, p: &[BTreeMap<String, i64>]) -> (String, String, Opti
             .collect();
         let _ = write!(out, ",\"sgc_imbalance\":{{{}}}", keys.join(","));
     }
+    // What changed each CPU: 1 idle entry or exit, 2 another wakeup, 4
+    // another placement's answer, 8 a migration.
+    let by: Vec<String> = (0..p.len())
+        .filter(|&c| v(c, "changedk") != 0)
+        .map(|c| format!("[{c},{}]", v(c, "changedk")))
+        .collect();
     let hidden = format!(
-        ",\"source\":\"kprobe\",\"changed_during\":{:?},\"on_cpu\":{},\"wake_flags\":{},\"sgc_marks\":[{}]",
+        ",\"source\":\"kprobe\",\"changed_during\":{:?},\"changed_by\":[{}],\"on_cpu\":{},\"wake_flags\":{},\"sgc_marks\":[{}]",
         (0..p.len())
             .filter(|c| v(0, "changed") >> c & 1 == 1)
             .collect::<Vec<_>>(),
+        by.join(","),
         v(0, "on"),
         v(0, "wf"),
         imb.join(",")

@@ -318,7 +318,13 @@ pub fn decision(
         .copied()
         .unwrap_or(0) as usize;
     let on = out[0].get("on").copied().unwrap_or(-1);
-    out[0].insert("changed".into(), changed_during(t, start, on, pid));
+    let (changed, kinds) = changed_during(t, start, on, pid);
+    out[0].insert("changed".into(), changed);
+    for (c, &k) in kinds.iter().enumerate().take(nr) {
+        if k != 0 {
+            out[c].insert("changedk".into(), k as i64);
+        }
+    }
     if let Some(ret) = returned(t, start, on) {
         out[0].insert("ret".into(), ret);
     }
@@ -357,7 +363,8 @@ fn returned(t: &str, start: usize, on: i64) -> Option<i64> {
 /// kernel reads the runqueues a little after the probes, and under TCG a
 /// vCPU can stall in between, so such a CPU's state as recorded may not be
 /// the one the kernel read.
-fn changed_during(t: &str, start: usize, on: i64, pid: i32) -> i64 {
+fn changed_during(t: &str, start: usize, on: i64, pid: i32) -> (i64, [u8; 64]) {
+    let mut kinds = [0u8; 64];
     let pat = format!(" pid={pid} ");
     let cpu_of = |l: &str| {
         l.find('[')
@@ -387,25 +394,33 @@ fn changed_during(t: &str, start: usize, on: i64, pid: i32) -> i64 {
             break;
         }
         let mut cpus = Vec::new();
+        let kind;
         if l.contains(" sched_switch: ")
             && (l.contains(" prev_pid=0 ") || l.contains(" next_pid=0 "))
         {
+            kind = 0;
             cpus.extend(cpu_of(l));
         } else if l.contains(" sched_wakeup") && !ours {
+            kind = 1;
             cpus.extend(field(l, "target_cpu="));
         } else if l.contains(" fpret: (") && cpu_of(l) != Some(on) {
+            kind = 2;
             // Another task's placement ended on another CPU: the CPU it
             // chose gets a pending wakeup (`ttwu_pending`, or the task
             // queued) before its sched_wakeup event is written, maybe
             // while this decision reads it.
             cpus.extend(field(l, "ret="));
         } else if l.contains(" sched_migrate_task: ") && !ours {
+            kind = 3;
             cpus.extend(field(l, "orig_cpu="));
             cpus.extend(field(l, "dest_cpu="));
+        } else {
+            continue;
         }
         for c in cpus.into_iter().filter(|c| (0..63).contains(c)) {
             mask |= 1 << c;
+            kinds[c as usize] |= 1 << kind;
         }
     }
-    mask
+    (mask, kinds)
 }
