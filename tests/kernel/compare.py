@@ -176,15 +176,23 @@ def excluded(s):
     - `changed_during_decision`: between the probe reading and the end of
       the decision (the return probe), the trace shows a CPU the decision
       reads (`read_by_decision`) entering or leaving idle, being the target
-      of another task's wakeup or placement, or an end of its migration: the
-      kernel reads the runqueues a little after the probe, and a vCPU can
-      stall in between under TCG."""
+      of another task's wakeup or placement, or an end of its migration, or
+      such a CPU is entering idle at the probe: the kernel reads the
+      runqueues a little after the probe, and a vCPU can stall in between
+      under TCG."""
     gen = s.get("generator", {})
     if gen.get("source") != "kprobe":
         # A task with one allowed CPU gets it without a runqueue being read
         # (select_task_rq() skips the class), so no change can matter.
         return "stale" if set(gen.get("stale_cpus", [])) & read_by_decision(s) else None
-    if set(gen.get("changed_during", [])) & read_by_decision(s):
+    read = read_by_decision(s)
+    if set(gen.get("changed_during", [])) & read:
+        return "changed_during_decision"
+    # A CPU with no task queued whose current task is not the idle task is
+    # inside __schedule(), between dequeuing its last task and switching to
+    # idle: idle_cpu() turns true at the switch, which may come before or
+    # after the kernel's read (its trace event is written after rq->curr).
+    if any(c["id"] in read and c.get("nr_running", 0) == 0 and not c.get("curr_is_idle", True) for c in s.get("cpus", [])):
         return "changed_during_decision"
     return None
 

@@ -130,8 +130,8 @@ impl Load {
             }
             Profile::LlcFull => {
                 let full = llc[rng.below(nr)];
-                for c in 0..nr {
-                    if llc[c] == full || rng.below(4) == 0 {
+                for (c, &at) in llc.iter().enumerate().take(nr) {
+                    if at == full || rng.below(4) == 0 {
                         l.spin(&[c], plain(rng.below(6) == 0), None);
                     }
                 }

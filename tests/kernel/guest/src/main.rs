@@ -35,7 +35,10 @@ static LAST_IDLE: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 /// Per CPU, its sched domains as the kernel built them (after
 /// degeneration, lowest first): the scenario format's name of the level
 /// (section 2.1) and the span. The `sgc_imbalance` hint names groups by them.
-static DOMS: Mutex<Vec<Vec<(String, Vec<usize>)>>> = Mutex::new(Vec::new());
+static DOMS: Mutex<Vec<Vec<Dom>>> = Mutex::new(Vec::new());
+
+/// A sched domain: the format's level name and its span.
+type Dom = (String, Vec<usize>);
 
 const TRACE: &str = "/sys/kernel/tracing";
 
@@ -293,7 +296,11 @@ fn format_level(c: usize, span: &[usize], kname: &str) -> String {
         node_cpus.push(cpulist(&list));
         let d = fs::read_to_string(format!("/sys/devices/system/node/node{k}/distance"))
             .unwrap_or_default();
-        dist.push(d.split_whitespace().filter_map(|x| x.parse().ok()).collect());
+        dist.push(
+            d.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect(),
+        );
     }
     let Some(home) = node_cpus.iter().position(|n| n.contains(&c)) else {
         return kname.into();
@@ -328,7 +335,7 @@ fn print_domains() -> Vec<usize> {
         return Vec::new();
     };
     let nr = online_cpus();
-    let mut doms: Vec<Vec<(String, Vec<usize>)>> = vec![Vec::new(); nr];
+    let mut doms: Vec<Vec<Dom>> = vec![Vec::new(); nr];
     let mut cur: Option<usize> = None;
     for line in String::from_utf8_lossy(&kmsg.stdout).lines() {
         if line.contains("domain-") || line.contains("CPU") && line.contains("attaching") {
@@ -337,10 +344,7 @@ fn print_domains() -> Vec<usize> {
         if let Some(i) = line.find("CPU")
             && line.contains(" attaching")
         {
-            cur = line[i + 3..]
-                .split(' ')
-                .next()
-                .and_then(|n| n.parse().ok());
+            cur = line[i + 3..].split(' ').next().and_then(|n| n.parse().ok());
         }
         if let (Some(c), Some(i)) = (cur, line.find("span="))
             && line.contains("domain-")
@@ -348,7 +352,10 @@ fn print_domains() -> Vec<usize> {
         {
             let mut w = line[i..].split_whitespace();
             let span = w.next().and_then(|x| x.strip_prefix("span=")).unwrap_or("");
-            let name = w.next().and_then(|x| x.strip_prefix("level=")).unwrap_or("?");
+            let name = w
+                .next()
+                .and_then(|x| x.strip_prefix("level="))
+                .unwrap_or("?");
             doms[c].push((name.to_string(), cpulist(span)));
         }
     }
