@@ -34,6 +34,17 @@ fn llcs(n_llc: usize) -> Value {
     json!({ "cpus": cpus })
 }
 
+/// A 6.12 fork on CPU 0 of `topology` with the per-CPU state `cpus`.
+fn fork_on_cpu0(topology: Value, cpus: Vec<Value>) -> Value {
+    json!({
+        "kernel": "6.12",
+        "topology": topology,
+        "cpus": cpus,
+        "task": {},
+        "request": {"kind": "fork", "this_cpu": 0}
+    })
+}
+
 /// Fork on CPU 0 of two LLCs: CPUs 0-2 busy (the parent on 0), 3 idle; the
 /// other LLC all idle, CPU 6 idle most recently.
 fn fork_two_llcs() -> Value {
@@ -46,13 +57,7 @@ fn fork_two_llcs() -> Value {
     for (i, stamp) in [(4, 200), (5, 300), (6, 900), (7, 400)] {
         cpus.push(json!({"id": i, "idle_stamp": stamp}));
     }
-    json!({
-        "kernel": "6.12",
-        "topology": llcs(2),
-        "cpus": cpus,
-        "task": {},
-        "request": {"kind": "fork", "this_cpu": 0}
-    })
+    fork_on_cpu0(llcs(2), cpus)
 }
 
 #[test]
@@ -124,13 +129,7 @@ fn an_equal_imbalanced_group_does_not_replace_the_idlest() {
     for i in 8..12 {
         cpus.push(json!({"id": i, "idle_stamp": 30 + i}));
     }
-    let s = json!({
-        "kernel": "6.12",
-        "topology": llcs(3),
-        "cpus": cpus,
-        "task": {},
-        "request": {"kind": "fork", "this_cpu": 0}
-    });
+    let s = fork_on_cpu0(llcs(3), cpus);
     // Unmarked: {8-11} (4 idle) beats {4-7} (2 idle); local fully busy ->
     // leave -> most recently idle of 8-11 = 11.
     assert_eq!(place(&s), Ok((11, "slow_path".into())));
@@ -158,13 +157,7 @@ fn an_overloaded_group_is_overloaded_even_when_marked() {
             json!({"id": i, "nr_running": 2, "runnable_avg": 1500, "util_avg": 1000, "load_avg": load})
         })
         .collect();
-    let s = json!({
-        "kernel": "6.12",
-        "topology": llcs(3),
-        "cpus": cpus,
-        "task": {},
-        "request": {"kind": "fork", "this_cpu": 0}
-    });
+    let s = fork_on_cpu0(llcs(3), cpus);
     assert_eq!(place(&s), Ok((8, "slow_path".into())));
     let marked = with_hint(&s, json!({"PKG": ["4-7"]}));
     assert_eq!(place(&marked), Ok((8, "slow_path".into())));
@@ -178,13 +171,10 @@ fn numa_levels_are_named_as_the_kernel_and_the_format_do() {
         .collect();
     let mut state: Vec<Value> = (0..8).map(|i| json!({"id": i, "nr_running": 1})).collect();
     state.extend((8..16).map(|i| json!({"id": i, "idle_stamp": i})));
-    let s = json!({
-        "kernel": "6.12",
-        "topology": {"cpus": cpus, "numa_distance": [[10, 20], [20, 10]]},
-        "cpus": state,
-        "task": {},
-        "request": {"kind": "fork", "this_cpu": 0}
-    });
+    let s = fork_on_cpu0(
+        json!({"cpus": cpus, "numa_distance": [[10, 20], [20, 10]]}),
+        state,
+    );
     // Unmarked: NUMA1 groups {0-7} (no idle) and {8-15} (8 idle) -> leave
     // (imbalance 8 is above adjust_numa_imbalance's allowance) -> 15, the
     // most recently idle; below it the PKG and MC levels keep it (an idle
