@@ -3,7 +3,7 @@
 //! rejecting anything the format does not allow with an error that names the
 //! field, and turns the engine's answer into the format's output shape.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{Map, Value, json};
 
@@ -722,19 +722,18 @@ fn parse_sgc_imbalance(
     let map = v
         .as_object()
         .ok_or_else(|| FieldError::new("sgc_imbalance", "must be an object"))?;
-    // The groups of every level's domains, once each.
-    let mut groups: HashMap<Level, Vec<SpanId>> = HashMap::new();
+    // The groups of every level's domains by span: one probe per entry,
+    // however long the lists are.
+    let mut groups: HashMap<(Level, CpuMask), SpanId> = HashMap::new();
     for c in topo.online.iter() {
         for d in topo.domains(c) {
-            let at = groups.entry(d.level).or_default();
             for &g in d.groups.iter() {
-                if !at.contains(&g) {
-                    at.push(g);
-                }
+                groups.insert((d.level, *topo.span(g)), g);
             }
         }
     }
     let mut out = Vec::new();
+    let mut seen = HashSet::new();
     for (k, val) in map {
         let path = format!("sgc_imbalance.{}", field_key(k));
         let level = parse_level_name(k).ok_or_else(|| {
@@ -756,16 +755,13 @@ fn parse_sgc_imbalance(
                 .ok_or_else(|| FieldError::new(&ipath, "must be a cpulist string"))?;
             let mask =
                 CpuMask::parse_cpulist(s, topo.nr_cpus).map_err(|e| FieldError::new(&ipath, e))?;
-            let g = groups
-                .get(&level)
-                .and_then(|at| at.iter().copied().find(|&g| *topo.span(g) == mask))
-                .ok_or_else(|| {
-                    FieldError::new(
-                        &ipath,
-                        format!("{} is not the span of a group of a {k} domain", quote(s)),
-                    )
-                })?;
-            if !out.contains(&(level, g)) {
+            let g = groups.get(&(level, mask)).copied().ok_or_else(|| {
+                FieldError::new(
+                    &ipath,
+                    format!("{} is not the span of a group of a {k} domain", quote(s)),
+                )
+            })?;
+            if seen.insert((level, g)) {
                 out.push((level, g));
             }
         }
