@@ -7,7 +7,9 @@ the guest) and fairplace-agent say.
 
 Usage: compare.py DECIDE_BIN MIN_PERCENT LOG...   (one serial log per topology)
 Prints per topology its records, the records set aside (only evidence of a
-race: `changed_during_decision`, `stale`) with their counts, the guest's own
+race that could change fairplace's answer: `changed_during_decision`,
+`stale`) with their counts, the raced records still compared because
+fairplace answers the same under every state the race allows, the guest's own
 dropped attempts, and compared/agreeing counts per load profile and per path;
 every disagreement; the same counts over all topologies; and as the last line
 `kernel agreement A/N (P%) over T topologies, kernel K; R records, S set aside`.
@@ -21,6 +23,7 @@ rejects a record, a wakeup's or fork's traced CPU is not the one
 select_task_rq_fair() returned, a topology check fails, or a guest gave no
 record."""
 
+import itertools
 import json
 import os
 import re
@@ -173,28 +176,178 @@ def excluded(s):
     race (the record's inputs may not be the ones the kernel read) counts:
     - `stale`: without the decision probes, a CPU entered or left idle
       between the state read and the decision (seen in the trace);
-    - `changed_during_decision`: between the probe reading and the end of
-      the decision (the return probe), the trace shows a CPU the decision
-      reads (`read_by_decision`) entering or leaving idle, being the target
-      of another task's wakeup or placement, or an end of its migration, or
-      such a CPU is entering idle at the probe: the kernel reads the
-      runqueues a little after the probe, and a vCPU can stall in between
-      under TCG."""
+    - `changed_during_decision`: a CPU the decision reads
+      (`read_by_decision`) changed between the probe reading and the end of
+      the decision (`raced_cpus`): the kernel reads the runqueues a little
+      after the probe, and a vCPU can stall in between under TCG. Such a
+      record is still compared when fairplace gives the same answer under
+      every state the race allows (`race_variants`)."""
     gen = s.get("generator", {})
     if gen.get("source") != "kprobe":
         # A task with one allowed CPU gets it without a runqueue being read
         # (select_task_rq() skips the class), so no change can matter.
         return "stale" if set(gen.get("stale_cpus", [])) & read_by_decision(s) else None
+    return "changed_during_decision" if raced_cpus(s) or h_load_raced(s) else None
+
+
+# What changed a CPU during the decision (the guest's `changed_by` bits).
+SWITCHED, WOKEN, RETURNED, MIGRATED = 1, 2, 4, 8
+
+
+def raced_cpus(s):
+    """The CPUs the decision reads whose state may have changed while it
+    ran, each with what changed it (`changed_by` bits; 0 for a CPU entering
+    idle at the probe): between the probe and the return probe the trace
+    shows it entering or leaving idle, the target of another task's wakeup
+    or placement, or an end of a migration; or it had no task queued while
+    its current task was not the idle task, so it was inside __schedule()
+    and idle_cpu() turns true at the switch, which may come before or after
+    the kernel's read (the switch's trace event is written after rq->curr)."""
     read = read_by_decision(s)
-    if set(gen.get("changed_during", [])) & read:
-        return "changed_during_decision"
-    # A CPU with no task queued whose current task is not the idle task is
-    # inside __schedule(), between dequeuing its last task and switching to
-    # idle: idle_cpu() turns true at the switch, which may come before or
-    # after the kernel's read (its trace event is written after rq->curr).
-    if any(c["id"] in read and c.get("nr_running", 0) == 0 and not c.get("curr_is_idle", True) for c in s.get("cpus", [])):
-        return "changed_during_decision"
-    return None
+    by = {c: k for c, k in s.get("generator", {}).get("changed_by", [])}
+    out = {c: by.get(c, 0) for c in set(s.get("generator", {}).get("changed_during", [])) & read}
+    for c in s.get("cpus", []):
+        if c["id"] in read and c.get("nr_running", 0) == 0 and not c.get("curr_is_idle", True):
+            out.setdefault(c["id"], 0)
+    return out
+
+
+def idle_state(c):
+    """How a wakeup's scan sees a record's CPU: `idle` (idle_cpu()),
+    `sched_idle` (sched_idle_rq(): only SCHED_IDLE work queued), `busy`
+    (a task of another policy queued: no enqueue can make it available), or
+    `pending` (nothing queued yet not idle: a wakeup pending or the CPU
+    entering idle)."""
+    nr, nr_idle = c.get("nr_running", 0), c.get("h_nr_idle", 0)
+    if idle(c):
+        return "idle"
+    if nr > 0 and nr == nr_idle:
+        return "sched_idle"
+    return "busy" if nr > nr_idle else "pending"
+
+
+def with_idle_state(c, state):
+    """A copy of CPU record `c` in another `idle_state` (the fields a
+    wakeup's scan reads; loads are kept, as the scan reads none)."""
+    c = dict(c)
+    nr, nr_idle = c.get("nr_running", 0), c.get("h_nr_idle", 0)
+    if state == "idle":
+        c.update(nr_running=0, h_nr_idle=0, cfs_h_nr_queued=0, nr_delayed=0, curr_is_idle=True, ttwu_pending=False)
+    elif state == "sched_idle":
+        n = max(nr_idle, 1)
+        c.update(nr_running=n, h_nr_idle=n, cfs_h_nr_queued=n, curr_is_idle=False, ttwu_pending=False)
+    else:
+        n = nr_idle + 1
+        c.update(nr_running=max(nr, n), cfs_h_nr_queued=max(c.get("cfs_h_nr_queued", 0), n), curr_is_idle=False)
+    return c
+
+
+def wake_affine_runs(s):
+    """Whether a wakeup calls wake_affine() (which reads this_cpu's and
+    prev's loads and task_h_load()): want_affine with this_cpu != prev,
+    conservatively ignoring wake_wide()."""
+    if s["request"]["kind"] != "wakeup":
+        return False
+    this, prev = s["request"]["this_cpu"], s["task"].get("prev_cpu")
+    allowed = s["task"].get("cpus_allowed")
+    allowed = set(cpulist(allowed)) if allowed else {c["id"] for c in s["topology"]["cpus"]}
+    return this != prev and this in allowed
+
+
+def h_load_raced(s):
+    """The task_h_load() values (`task.load_avg`, `request.waker_load`) a
+    race may have changed, each with its value recomputed, or None when
+    unknown (a record without `h_load_fresh`). An h_load stored in the
+    probe's jiffy is used as stored unless a tick comes during the decision
+    or another placement in flight recomputes it first."""
+    gen = s.get("generator", {})
+    fresh = gen.get("h_load_fresh")
+    if fresh is None:
+        return None
+    jiffies = fresh.get("jiffies", [0, -1])
+    others = any(k & (WOKEN | RETURNED) for _, k in gen.get("changed_by", []))
+    if not wake_affine_runs(s) or not (others or jiffies[0] != jiffies[1]):
+        return []
+    out = []
+    if fresh["load_avg"] != s["task"].get("load_avg", 0):
+        out.append((("task", "load_avg"), fresh["load_avg"]))
+    if s["request"].get("sync") and fresh["waker_load"] != s["request"].get("waker_load", 0):
+        out.append((("request", "waker_load"), fresh["waker_load"]))
+    return out
+
+
+def race_states(s):
+    """For a wakeup, each raced CPU with the states it may have had when
+    the kernel read it, and the task_h_load() values with the values the
+    race allows (`h_load_raced`); None when the race may have changed
+    something else the decision reads (a fork's or exec's slow path reads
+    every allowed CPU's loads; wake_affine() reads this_cpu's and prev's).
+    An enqueue (a wakeup, a placement's return, a migration's destination)
+    cannot make a `busy` CPU available; a switch or a migration may leave a
+    CPU in any state."""
+    if s["request"]["kind"] != "wakeup":
+        return None
+    raced = raced_cpus(s)
+    this, prev = s["request"]["this_cpu"], s["task"].get("prev_cpu")
+    loads = h_load_raced(s)
+    if wake_affine_runs(s) and (this in raced or prev in raced or loads is None):
+        return None
+    cpus = {c["id"]: c for c in s.get("cpus", [])}
+    out = []
+    for cpu, kinds in sorted(raced.items()):
+        now = idle_state(cpus[cpu])
+        if kinds & (SWITCHED | MIGRATED) or kinds == 0:
+            may = {"idle", "sched_idle", "busy"}
+        elif now == "busy":
+            may = set()
+        elif now == "sched_idle":
+            may = {"busy"}
+        else:
+            may = {"busy", "sched_idle"}
+        out.append((cpu, sorted(may - {now})))
+    return out, loads or []
+
+
+# Records whose race allows more states than this are set aside untried.
+MAX_RACE_VARIANTS = 256
+
+
+def race_variants(s):
+    """The record under every combination of the states `race_states`
+    allows, with `has_idle_cores` also set in an LLC where a CPU may have
+    entered idle (the switch to idle sets it); None when the race is not
+    one of idle states and h_load alone or allows too many combinations."""
+    states = race_states(s)
+    if states is None:
+        return None
+    cpu_states, loads = states
+    llc_of = {c["id"]: c["llc"] for c in s["topology"]["cpus"]}
+    choices = [[None] + alts for _, alts in cpu_states] + [[None, v] for _, v in loads]
+    count = 1
+    for ch in choices:
+        count *= len(ch)
+    if count * 2 > MAX_RACE_VARIANTS:
+        return None
+    out = []
+    for combo in itertools.product(*choices):
+        v = json.loads(json.dumps(s))
+        at = {c["id"]: i for i, c in enumerate(v["cpus"])}
+        woke = set()
+        for (cpu, _), state in zip(cpu_states, combo):
+            if state is not None:
+                v["cpus"][at[cpu]] = with_idle_state(v["cpus"][at[cpu]], state)
+                if state == "idle":
+                    woke.add(llc_of[cpu])
+        for ((obj, key), _), value in zip(loads, combo[len(cpu_states) :]):
+            if value is not None:
+                v[obj][key] = value
+        out.append(v)
+        if woke:
+            v = json.loads(json.dumps(v))
+            for llc in woke:
+                v.setdefault("llc", {}).setdefault(str(llc), {})["has_idle_cores"] = True
+            out.append(v)
+    return out
 
 
 def read_by_decision(s):
@@ -251,6 +404,33 @@ def run_decide(decide, jsonl, count):
     if bad:
         return None, f"decide rejected records {bad[:5]}: {answers[bad[0] - 1]['error']}"
     return answers, None
+
+
+def race_insensitive(decide, jsonl, records, answers):
+    """The indexes of the records set aside for a race whose answer from
+    fairplace is the same under every state the race allows
+    (`race_variants`): the race cannot explain a disagreement there, so
+    they are compared. Returns (set, None) or (None, why the run fails)."""
+    batch, owner = [], []
+    for i, s in enumerate(records):
+        if excluded(s) != "changed_during_decision":
+            continue
+        for v in race_variants(s) or []:
+            batch.append(v)
+            owner.append(i)
+    if not batch:
+        return set(), None
+    path = os.path.splitext(jsonl)[0] + ".race.jsonl"
+    with open(path, "w") as f:
+        for v in batch:
+            f.write(json.dumps(v) + "\n")
+    got, why = run_decide(decide, path, len(batch))
+    if got is None:
+        return None, f"race variants: {why}"
+    same = defaultdict(lambda: True)
+    for i, a in zip(owner, got):
+        same[i] &= a.get("cpu") == answers[i].get("cpu")
+    return {i for i, ok in same.items() if ok}, None
 
 
 def disagreement(jsonl, i, s, d):
@@ -327,9 +507,13 @@ def compare_topology(decide, path, totals):
     if answers is None:
         print(f"{name}: {why}")
         return 0, 0, len(log["scn"]), 0, True
+    steady, why = race_insensitive(decide, jsonl, log["scn"], answers)
+    if steady is None:
+        print(f"{name}: {why}")
+        return 0, 0, len(log["scn"]), 0, True
     per_path, per_profile = Tally(), Tally()
     skipped = defaultdict(lambda: [0, 0])
-    moved = mismatched = 0
+    moved = mismatched = steady_here = 0
     probed = sum(s.get("generator", {}).get("source") == "kprobe" for s in log["scn"])
     for i, (s, d) in enumerate(zip(log["scn"], answers), 1):
         gen = s.get("generator", {})
@@ -346,7 +530,10 @@ def compare_topology(decide, path, totals):
                 print(f"ANSWERS DIFFER {name} {s['name']}: returned {ret}, traced {seen}")
         hardness(s, d, totals["hard"])
         why = excluded(s)
-        if why:
+        if why and i - 1 in steady:
+            totals["steady"] += 1
+            steady_here += 1
+        elif why:
             skipped[why][0] += 1
             skipped[why][1] += d.get("cpu") == want
             continue
@@ -367,6 +554,7 @@ def compare_topology(decide, path, totals):
         f"{name}: {ok}/{n} agree; {len(log['scn'])} records (seeds {','.join(map(str, seeds))}),"
         f" {probed} with the kernel's inputs read at the decision; {aside} set aside: "
         + (", ".join(f"{k} {c} ({a} of them agree anyway)" for k, (c, a) in sorted(skipped.items())) or "none")
+        + f"; {steady_here} raced but compared (the same answer under every state the race allows)"
     )
     for k, (c, _) in skipped.items():
         totals["aside"][k] += c
@@ -405,6 +593,7 @@ def main():
         "sgc": Tally(),
         "aside": defaultdict(int),
         "hard": defaultdict(int),
+        "steady": 0,
     }
     total_ok = total_n = total_r = total_s = 0
     failed = False
@@ -443,6 +632,7 @@ def main():
     print(
         "set aside (evidence of a race): "
         + (", ".join(f"{k} {c}" for k, c in sorted(totals["aside"].items())) or "none")
+        + f"; raced but compared (the same answer under every state the race allows): {totals['steady']}"
     )
     pct = 100.0 * total_ok / total_n if total_n else 0.0
     if pct < min_pct:

@@ -901,6 +901,7 @@ fn at_decision(body: &str, p: &[BTreeMap<String, i64>]) -> (String, String, Opti
         v(0, "wf"),
         imb.join(",")
     );
+    let hidden = hidden + &h_load_fresh(p, v(0, "on") as usize);
     let ret = p[0].get("ret").and_then(|&r| usize::try_from(r).ok());
     (out, hidden, ret)
 }
@@ -975,14 +976,7 @@ fn with_flips(body: &str, p: &[BTreeMap<String, i64>]) -> String {
 /// in the root group: `noautogroup`).
 fn with_h_loads(body: &str, p: &[BTreeMap<String, i64>]) -> String {
     let v = |c: usize, k: &str| p.get(c).and_then(|m| m.get(k)).copied().unwrap_or(0);
-    let h_load = |c: usize, se_load: i64| {
-        let h = if v(c, "hu") == v(0, "jf") {
-            v(c, "hl")
-        } else {
-            v(c, "l")
-        };
-        se_load * h / (v(c, "l") + 1)
-    };
+    let h_load = |c: usize, se_load: i64| task_h_load(p, c, se_load, false);
     let int_of = |key: &str| {
         body.split_once(&format!("\"{key}\":"))
             .and_then(|(_, r)| r.split(|ch: char| !ch.is_ascii_digit()).next())
@@ -1007,6 +1001,36 @@ fn with_h_loads(body: &str, p: &[BTreeMap<String, i64>]) -> String {
         out = set_int(&out, "waker_load", h_load(this, v(this, "sl")));
     }
     out
+}
+
+/// `task_h_load()` of a task with PELT load `se_load` in the root group of
+/// CPU `c`: `se_load * h_load / (load_avg + 1)`, with the stored `h_load`
+/// when it was updated in the probe's jiffy and the cfs_rq's load otherwise,
+/// or, with `fresh`, as recomputed (what another placement in flight or a
+/// tick during the decision makes the kernel use).
+fn task_h_load(p: &[BTreeMap<String, i64>], c: usize, se_load: i64, fresh: bool) -> i64 {
+    let v = |c: usize, k: &str| p.get(c).and_then(|m| m.get(k)).copied().unwrap_or(0);
+    let h = if !fresh && v(c, "hu") == v(0, "jf") {
+        v(c, "hl")
+    } else {
+        v(c, "l")
+    };
+    se_load * h / (v(c, "l") + 1)
+}
+
+/// The record's hidden `h_load_fresh`: the task's and the waker's
+/// `task_h_load()` with `h_load` recomputed, and the jiffies at the
+/// decision's start and end, so the comparison can tell whether a race on
+/// `h_load` could change the answer.
+fn h_load_fresh(p: &[BTreeMap<String, i64>], this: usize) -> String {
+    let v = |c: usize, k: &str| p.get(c).and_then(|m| m.get(k)).copied().unwrap_or(0);
+    format!(
+        ",\"h_load_fresh\":{{\"load_avg\":{},\"waker_load\":{},\"jiffies\":[{},{}]}}",
+        task_h_load(p, v(0, "prev") as usize, v(0, "pl"), true),
+        task_h_load(p, this, v(this, "sl"), true),
+        v(0, "jf"),
+        p.first().and_then(|m| m.get("jr")).copied().unwrap_or(-1),
+    )
 }
 
 /// `body` with the integer field `"key":N` set to `val`.

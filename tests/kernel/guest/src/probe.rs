@@ -14,8 +14,9 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write as _;
 
-/// Enough of BTF to find a member's byte offset in a struct by name.
-struct Btf {
+/// Enough of BTF to find a member's byte offset in a struct by name, and
+/// an enumerator's value.
+pub(crate) struct Btf {
     data: Vec<u8>,
     str_start: usize,
     /// Per type id (index), the byte position of its `struct btf_type`.
@@ -24,9 +25,10 @@ struct Btf {
 
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
 
 impl Btf {
-    fn load() -> Option<Btf> {
+    pub(crate) fn load() -> Option<Btf> {
         let data = fs::read("/sys/kernel/btf/vmlinux").ok()?;
         let u32_at = |p: usize| -> Option<usize> {
             Some(u32::from_le_bytes(data.get(p..p + 4)?.try_into().ok()?) as usize)
@@ -114,13 +116,27 @@ impl Btf {
     }
 
     /// `struct s`'s member `m`'s byte offset; None when either is missing.
-    fn off(&self, s: &str, m: &str) -> Option<usize> {
+    pub(crate) fn off(&self, s: &str, m: &str) -> Option<usize> {
         self.member(self.find_struct(s)?, m)
+    }
+
+    /// The value of the enumerator `name` (of any enum).
+    pub(crate) fn enum_value(&self, name: &str) -> Option<i64> {
+        (1..self.types.len()).find_map(|id| {
+            if self.kind(id) != KIND_ENUM {
+                return None;
+            }
+            let p = self.types[id];
+            (0..(self.u32_at(p + 4) & 0xffff) as usize).find_map(|e| {
+                let ep = p + 12 + 8 * e;
+                (self.name(self.u32_at(ep)) == name).then(|| self.u32_at(ep + 4) as i32 as i64)
+            })
+        })
     }
 }
 
 /// A per-CPU variable's offset, as `/proc/kallsyms` lists it.
-fn kallsym(text: &str, name: &str) -> Option<u64> {
+pub(crate) fn kallsym(text: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let mut w = l.split_whitespace();
         let (a, _, n) = (w.next()?, w.next()?, w.next()?);
@@ -228,7 +244,9 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
     }
     // The decision's end: a return probe on the same function (the line
     // that follows the entry events on the deciding CPU).
-    let ret = "r:fp/fpret select_task_rq_fair ret=$retval:s32\n";
+    // The jiffy at the end tells whether a tick came during the decision
+    // (task_h_load() then recomputes an h_load stored in the old jiffy).
+    let ret = "r:fp/fpret select_task_rq_fair ret=$retval:s32 jr=@jiffies:u64\n";
     let mut f = fs::OpenOptions::new()
         .append(true)
         .open(format!("{trace}/kprobe_events"))
@@ -325,8 +343,9 @@ pub fn decision(
             out[c].insert("changedk".into(), k as i64);
         }
     }
-    if let Some(ret) = returned(t, start, on) {
+    if let Some((ret, jr)) = returned(t, start, on) {
         out[0].insert("ret".into(), ret);
+        out[0].insert("jr".into(), jr);
     }
     Some(out)
 }
@@ -338,21 +357,22 @@ fn has_pid(l: &str, pat: &str) -> bool {
 }
 
 /// The value the return probe saw on the deciding CPU `on` after the entry
-/// events that start at line `start`: the decision's own answer.
-fn returned(t: &str, start: usize, on: i64) -> Option<i64> {
-    t.lines()
-        .skip(start)
-        .find(|l| {
-            l.contains(" fpret: (")
-                && l.find('[')
-                    .and_then(|i| l[i + 1..].split(']').next())
-                    .and_then(|c| c.parse::<i64>().ok())
-                    == Some(on)
-        })?
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("ret="))?
-        .parse()
-        .ok()
+/// events that start at line `start` (the decision's own answer), and the
+/// jiffy it ended in.
+fn returned(t: &str, start: usize, on: i64) -> Option<(i64, i64)> {
+    let l = t.lines().skip(start).find(|l| {
+        l.contains(" fpret: (")
+            && l.find('[')
+                .and_then(|i| l[i + 1..].split(']').next())
+                .and_then(|c| c.parse::<i64>().ok())
+                == Some(on)
+    })?;
+    let field = |k: &str| {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse::<i64>().ok())
+    };
+    Some((field("ret=")?, field("jr=").unwrap_or(-1)))
 }
 
 /// The CPUs (a bit mask) whose state changed in the trace after the probe
