@@ -20,8 +20,14 @@
 #   FP_KERNEL_MIN_COMPARED  fail when fewer placements were compared (default 0)
 #   FP_KERNEL_MAX_SET_ASIDE fail when more records (percent) were set aside (default 3)
 #   FP_KERNEL_MIN_SGC     fail when fewer records with the sgc_imbalance hint were compared (default 0)
+#   FP_KERNEL_MIGRATIONS  can_migrate_task() verdicts per topology recorded
+#                         after the placements (default 0; tests/kernel/migrate.sh
+#                         sets it), compared by compare_migrate.py
+#   FP_KERNEL_MIN_MIGRATE fail when fewer verdicts were compared (default 0)
 # The last line printed is
-# `kernel agreement A/N (P%) over T topologies, kernel K; R records, S set aside`.
+# `kernel agreement A/N (P%) over T topologies, kernel K; R records, S set aside`,
+# or with FP_KERNEL_PLACEMENTS=0 (migrate.sh)
+# `kernel can_migrate agreement A/N (P%) over T topologies`.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -33,6 +39,7 @@ export FP_KERNEL_PROFILES="${FP_KERNEL_PROFILES:-light busy oversubscribed llc-f
 PROFILES="$FP_KERNEL_PROFILES"
 SEEDS="${FP_KERNEL_SEED:-1 2 3}"
 MIN="${FP_KERNEL_MIN:-99.5}"
+MIGRATIONS="${FP_KERNEL_MIGRATIONS:-0}"
 export FP_KERNEL_MAX_SET_ASIDE="${FP_KERNEL_MAX_SET_ASIDE:-3}"
 mkdir -p "$WORK"
 log() { echo "kernel-fidelity: $*" >&2; }
@@ -133,18 +140,22 @@ placements_for() {
     [ "$1" = big32 ] && def=$((PLACEMENTS / 4))
     echo "${!v:-$def}"
 }
+# Placement records land in $WORK/<topology>.log; a run without placements
+# (migrate.sh) keeps its logs apart, so the two never overwrite each other.
+LOGDIR="$WORK"
+[ "$PLACEMENTS" = 0 ] && LOGDIR="$WORK/migrate" && mkdir -p "$LOGDIR"
 boot_guest() { # topology log placements
     # One host thread for all vCPUs: multi-threaded TCG now and then
     # crashes the guest while it patches its own text, and sets aside more
     # records (a vCPU stalls inside a decision) for little speed.
     # shellcheck disable=SC2046
-    timeout "$((600 + 12 * $3))" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
+    timeout "$((600 + 12 * $3 + MIGRATIONS))" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
         -kernel "$WORK/kernel/vmlinuz" -initrd "$WORK/initrd.gz" \
-        -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$3 fp.seed=${SEEDS// /,} fp.profiles=${PROFILES// /,} fp.hz=$HZ_CONFIG" \
+        -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$3 fp.seed=${SEEDS// /,} fp.profiles=${PROFILES// /,} fp.hz=$HZ_CONFIG fp.migrations=$MIGRATIONS" \
         -display none -monitor none -serial "file:$2" -no-reboot 2>"$WORK/$1.qemu.err" || true
 }
 run_topology() { # topology: boots it (again after an early crash), prints its line
-    local t=$1 out="$WORK/$1.log" n start end boot
+    local t=$1 out="$LOGDIR/$1.log" n start end boot
     n=$(placements_for "$t")
     log "booting $t ($n placements, seeds $SEEDS, profiles $PROFILES)"
     # Under TCG a guest kernel now and then dies on an int3 while it patches
@@ -156,27 +167,34 @@ run_topology() { # topology: boots it (again after an early crash), prints its l
         start=$(date +%s.%N)
         boot_guest "$t" "$out" "$n"
         end=$(date +%s.%N)
-        grep -q '^SCN' "$out" && break
+        grep -q '^SCN\|^MIG ' "$out" && break
         grep -q 'Oops\|Kernel panic' "$out" || break
         log "$t: the guest kernel crashed before the first record (attempt $attempt): $(grep -m1 'RIP:' "$out" | tr -d '\r')"
     done
     # The kernel's clock at its last sched_verbose line: boot to init.
     boot=$(sed -n 's/^KDOM \[ *\([0-9.]*\)\].*/\1/p' "$out" | tail -1)
     printf '%s: guest ran %.1f s (kernel booted in %s s of it), %s records\n' \
-        "$t" "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "${boot:-?}" "$(grep -c '^SCN' "$out" || true)" \
-        >"$WORK/$t.summary"
+        "$t" "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "${boot:-?}" "$(grep -c '^SCN\|^MIG ' "$out" || true)" \
+        >"$LOGDIR/$t.summary"
 }
 # FP_KERNEL_JOBS guests at a time (default 2: each uses one host CPU).
 JOBS="${FP_KERNEL_JOBS:-2}"
 logs=()
 for t in $TOPOLOGIES; do
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
-    rm -f "$WORK/$t.summary"
+    rm -f "$LOGDIR/$t.summary"
     run_topology "$t" &
-    logs+=("$WORK/$t.log")
+    logs+=("$LOGDIR/$t.log")
 done
 wait
-for t in $TOPOLOGIES; do cat "$WORK/$t.summary" 2>/dev/null || echo "$t: no summary"; done
+for t in $TOPOLOGIES; do cat "$LOGDIR/$t.summary" 2>/dev/null || echo "$t: no summary"; done
 
-# 5. Compare.
-python3 "$ROOT/tests/kernel/compare.py" "$DECIDE" "$MIN" "${logs[@]}"
+# 5. Compare: the verdicts, then the placements (whose line comes last).
+rc=0
+if [ "$MIGRATIONS" != 0 ]; then
+    python3 "$ROOT/tests/kernel/compare_migrate.py" "$DECIDE" "${FP_KERNEL_MIN_MIGRATE_PCT:-99.5}" "${logs[@]}" || rc=1
+fi
+if [ "$PLACEMENTS" != 0 ]; then
+    python3 "$ROOT/tests/kernel/compare.py" "$DECIDE" "$MIN" "${logs[@]}" || rc=1
+fi
+exit $rc

@@ -20,6 +20,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 mod load;
+mod migrate;
 mod probe;
 
 use load::{Load, Profile};
@@ -120,6 +121,13 @@ fn main() {
         done += made;
     }
     println!("DONE {done}");
+    // can_migrate_task() verdicts (fp.migrations), after the placements.
+    let migrations: usize = kernel_arg("fp.migrations")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if migrations > 0 {
+        migrate::run(&topo, nr, &seeds, migrations);
+    }
     power_off();
 }
 

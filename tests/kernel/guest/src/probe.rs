@@ -86,6 +86,11 @@ impl Btf {
     /// The byte offset of `member` in the struct or union `id`, looking
     /// into anonymous members as C does.
     fn member(&self, id: usize, member: &str) -> Option<usize> {
+        self.member_bits(id, member).map(|b| b / 8)
+    }
+
+    /// The bit offset of `member` (a bitfield's own bit) in `id`.
+    fn member_bits(&self, id: usize, member: &str) -> Option<usize> {
         let p = self.types[id];
         let info = self.u32_at(p + 4);
         let bitfield = info >> 31 == 1;
@@ -96,12 +101,12 @@ impl Btf {
             if name == 0 {
                 let inner = self.strip(ty as usize);
                 if matches!(self.kind(inner), KIND_STRUCT | KIND_UNION)
-                    && let Some(o) = self.member(inner, member)
+                    && let Some(o) = self.member_bits(inner, member)
                 {
-                    return Some(bits / 8 + o);
+                    return Some(bits + o);
                 }
             } else if self.name(name) == member {
-                return Some(bits / 8);
+                return Some(bits);
             }
         }
         None
@@ -118,6 +123,11 @@ impl Btf {
     /// `struct s`'s member `m`'s byte offset; None when either is missing.
     pub(crate) fn off(&self, s: &str, m: &str) -> Option<usize> {
         self.member(self.find_struct(s)?, m)
+    }
+
+    /// `struct s`'s member `m`'s bit offset (for bitfields).
+    pub(crate) fn bit_off(&self, s: &str, m: &str) -> Option<usize> {
+        self.member_bits(self.find_struct(s)?, m)
     }
 
     /// The value of the enumerator `name` (of any enum).
