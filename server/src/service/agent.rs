@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert;
 use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
-use super::lease_hub::AckTx;
+use super::lease_hub::{AckItem, AckTx};
 use super::route::{Replicated, redirect_status};
 use crate::engine::features::Kernel;
 use crate::engine::topology::FieldError;
@@ -162,7 +162,10 @@ impl ReportStream {
         register_timeout: Duration,
         pending: tokio::sync::OwnedSemaphorePermit,
     ) {
-        let registered = self.accept_register(&mut inbound, register_timeout).await;
+        // The steps that run once (registration, the leases' reconcile) are
+        // boxed: a task's future is as large as its largest await state, and
+        // ten thousand idle streams keep theirs for as long as they live.
+        let registered = Box::pin(self.accept_register(&mut inbound, register_timeout)).await;
         drop(pending);
         let Some((node, generation, held)) = registered else {
             return;
@@ -179,12 +182,12 @@ impl ReportStream {
             .as_ref()
             .map(|r| r.replica.attach_stream(&node.id, generation));
         let mut handed = false;
-        if self.tx.send(Ok(first)).await.is_ok() {
+        if self.tx.send(Ok(Box::new(first))).await.is_ok() {
             // Leases reach this node through this stream from now on, and
             // its live ones are applied again.
             self.hub.attach(&node.id, generation, self.tx.clone());
-            let drop = super::allocate::reconcile(&self.store, &node, &held).await;
-            self.hub.resend(&self.store, &node, &self.tx, drop).await;
+            let drop = Box::pin(super::allocate::reconcile(&self.store, &node, &held)).await;
+            Box::pin(self.hub.resend(&self.store, &node, &self.tx, drop)).await;
             handed = self
                 .serve_updates(&mut inbound, &node, generation, &mut moved)
                 .await;
@@ -360,7 +363,8 @@ impl ReportStream {
                 }
             };
             let step = match msg.body {
-                Some(Body::Update(u)) => self.on_update(node, generation, u).await,
+                // Boxed while it runs: the idle wait above stays small.
+                Some(Body::Update(u)) => Box::pin(self.on_update(node, generation, u)).await,
                 Some(Body::Applied(o)) => {
                     self.hub.outcome(&self.store, node, o);
                     Step::Quiet
@@ -386,7 +390,7 @@ impl ReportStream {
             };
             match step {
                 Step::Ack(ack) => {
-                    if self.tx.send(Ok(ack)).await.is_err() {
+                    if self.tx.send(Ok(Box::new(ack))).await.is_err() {
                         return false;
                     }
                 }
@@ -541,9 +545,9 @@ impl AgentService for Agent {
         };
         let caller = Caller::of(req.extensions());
         let inbound = req.into_inner();
-        // Acks are small and the agent waits for them; errors are boxed so
-        // the channel's slot blocks stay small with thousands of streams.
-        let (tx, rx) = mpsc::channel::<Result<pb::Ack, Box<Status>>>(4);
+        // The agent waits for each Ack, so four slots are plenty; the items
+        // are boxed (`AckItem`) so an idle stream's slot block stays small.
+        let (tx, rx) = mpsc::channel::<AckItem>(4);
         let stream = ReportStream {
             store: Arc::clone(&self.store),
             heavy: self.heavy.clone(),
@@ -555,7 +559,7 @@ impl AgentService for Agent {
         };
         tokio::spawn(stream.run(inbound, self.register_timeout, pending));
         Ok(Response::new(Box::pin(
-            ReceiverStream::new(rx).map(|r| r.map_err(|s| *s)),
+            ReceiverStream::new(rx).map(|r| r.map(|a| *a).map_err(|s| *s)),
         )))
     }
 }

@@ -17,8 +17,14 @@ use super::convert;
 use crate::metrics as m;
 use crate::store::{Lease, Node, Store, Target};
 
+/// One answer on an agent's Report stream. Both sides are boxed: a channel
+/// allocates its slots 32 at a time, and an `Ack` (leases, rejection) is
+/// over a hundred bytes, so an idle stream's slot block would otherwise be
+/// over 4 KiB.
+pub(crate) type AckItem = Result<Box<pb::Ack>, Box<Status>>;
+
 /// What an agent's Report stream is answered through.
-pub(crate) type AckTx = mpsc::Sender<Result<pb::Ack, Box<Status>>>;
+pub(crate) type AckTx = mpsc::Sender<AckItem>;
 
 /// How long an allocation with `apply` waits for its agent's answer (under
 /// the server's default 2 s request timeout).
@@ -66,7 +72,7 @@ impl LeaseHub {
                 released,
                 ..Default::default()
             };
-            let _ = tx.send(Ok(ack)).await;
+            let _ = tx.send(Ok(Box::new(ack))).await;
         }
     }
 
@@ -75,7 +81,7 @@ impl LeaseHub {
     /// at its next registration).
     pub(super) fn push(&self, node: &str, ack: pb::Ack) {
         if let Some(tx) = self.sender(node) {
-            let _ = tx.try_send(Ok(ack));
+            let _ = tx.try_send(Ok(Box::new(ack)));
         }
     }
 
@@ -83,10 +89,10 @@ impl LeaseHub {
     /// is not connected learns it from the leases re-sent at registration).
     pub fn notify_released(&self, node: &str, ids: Vec<u64>) {
         if let Some(tx) = self.sender(node) {
-            let _ = tx.try_send(Ok(pb::Ack {
+            let _ = tx.try_send(Ok(Box::new(pb::Ack {
                 released: ids,
                 ..Default::default()
-            }));
+            })));
         }
     }
 
@@ -145,7 +151,7 @@ impl LeaseHub {
             grants: vec![grant_pb(lease, &node.id)],
             ..Default::default()
         };
-        let sent = tokio::time::timeout(APPLY_TIMEOUT, tx.send(Ok(ack))).await;
+        let sent = tokio::time::timeout(APPLY_TIMEOUT, tx.send(Ok(Box::new(ack)))).await;
         if !matches!(sent, Ok(Ok(()))) {
             lock(&self.pending).remove(&lease.id);
             return Err(Status::unavailable(format!(
