@@ -21,9 +21,11 @@ were compared (default 0), a line does not parse, a guest did not finish
 
 import json
 import os
-import subprocess
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare import run_decide  # noqa: E402  (one way to run decide and check its answers)
 
 FIELDS = ("allowed", "new_dst_cpu", "flags", "reason")
 
@@ -47,19 +49,6 @@ def parse_log(path):
             elif line.startswith("UNAME "):
                 log["uname"] = line[6:].strip()
     return log
-
-
-def run_decide(decide, path, count):
-    p = subprocess.run([decide, "decide", path], capture_output=True, text=True)
-    if p.returncode != 0:
-        return None, f"decide exited {p.returncode}: {p.stderr.strip()[:300]}"
-    out = [json.loads(line) for line in p.stdout.splitlines()]
-    if len(out) != count:
-        return None, f"decide gave {len(out)} answers for {count} records"
-    bad = [i for i, a in enumerate(out, 1) if "error" in a]
-    if bad:
-        return None, f"decide rejected records {bad[:5]}: {out[bad[0] - 1]['error']}"
-    return out, None
 
 
 def differing(want, got):

@@ -31,7 +31,7 @@ use std::fs;
 use std::io::Write as _;
 use std::time::Duration;
 
-use crate::probe::{Btf, kallsym};
+use crate::probe::{Btf, event_fields, kallsym, trace_cpu};
 use crate::{Lcg, TRACE, cpulist_str, pin};
 
 /// `env->flags` bits (`LBF_*` in kernel/sched/fair.c), in the format's order.
@@ -352,24 +352,10 @@ fn verdicts(t: &str) -> Vec<(Fields, Fields)> {
         if !entry && !l.contains(" cmr: (") {
             continue;
         }
-        let Some(cpu) = l
-            .find('[')
-            .and_then(|b| l[b + 1..].split(']').next())
-            .and_then(|c| c.parse::<i64>().ok())
-        else {
+        let Some(cpu) = trace_cpu(l) else {
             continue;
         };
-        let vals: Fields = l
-            .split_whitespace()
-            .filter_map(|w| w.split_once('='))
-            .filter_map(|(k, v)| {
-                let v = match v.strip_prefix("0x") {
-                    Some(h) => u64::from_str_radix(h, 16).ok()? as i64,
-                    None => v.parse::<i64>().ok()?,
-                };
-                Some((k.to_string(), v))
-            })
-            .collect();
+        let vals = event_fields(l);
         if entry {
             open.insert(cpu, vals);
         } else if let Some(a) = open.remove(&cpu) {

@@ -305,27 +305,13 @@ pub fn decision(
         else {
             continue;
         };
-        let on = l
-            .find('[')
-            .and_then(|b| l[b + 1..].split(']').next())
-            .and_then(|n| n.parse::<i64>().ok());
+        let on = trace_cpu(l);
         // The events of one decision come together, in no fixed order;
         // a CPU seen twice starts the next decision about the same task.
         if blocks.last().is_some_and(|b| b.contains_key(&c)) {
             blocks.push(BTreeMap::new());
         }
-        let mut vals: BTreeMap<String, i64> = l
-            .split_whitespace()
-            .filter_map(|w| w.split_once('='))
-            .filter_map(|(k, v)| {
-                // Pointers are printed in hex; only their equality matters.
-                let v = match v.strip_prefix("0x") {
-                    Some(h) => u64::from_str_radix(h, 16).ok()? as i64,
-                    None => v.parse::<i64>().ok()?,
-                };
-                Some((k.to_string(), v))
-            })
-            .collect();
+        let mut vals = event_fields(l);
         if let Some(on) = on {
             vals.insert("on".into(), on);
         }
@@ -360,6 +346,29 @@ pub fn decision(
     Some(out)
 }
 
+/// The CPU a trace line was written on (`[003]`).
+pub(crate) fn trace_cpu(l: &str) -> Option<i64> {
+    l.find('[')
+        .and_then(|b| l[b + 1..].split(']').next())
+        .and_then(|n| n.parse::<i64>().ok())
+}
+
+/// A probe event's numeric `name=value` fields (pointers are printed in
+/// hex; only their equality and offsets matter). A field whose read
+/// faulted is absent.
+pub(crate) fn event_fields(l: &str) -> BTreeMap<String, i64> {
+    l.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .filter_map(|(k, v)| {
+            let v = match v.strip_prefix("0x") {
+                Some(h) => u64::from_str_radix(h, 16).ok()? as i64,
+                None => v.parse::<i64>().ok()?,
+            };
+            Some((k.to_string(), v))
+        })
+        .collect()
+}
+
 /// Whether a trace line names the task: `pat` is `" pid=N "`, and the
 /// field may end the line.
 fn has_pid(l: &str, pat: &str) -> bool {
@@ -370,13 +379,10 @@ fn has_pid(l: &str, pat: &str) -> bool {
 /// events that start at line `start` (the decision's own answer), and the
 /// jiffy it ended in.
 fn returned(t: &str, start: usize, on: i64) -> Option<(i64, i64)> {
-    let l = t.lines().skip(start).find(|l| {
-        l.contains(" fpret: (")
-            && l.find('[')
-                .and_then(|i| l[i + 1..].split(']').next())
-                .and_then(|c| c.parse::<i64>().ok())
-                == Some(on)
-    })?;
+    let l = t
+        .lines()
+        .skip(start)
+        .find(|l| l.contains(" fpret: (") && trace_cpu(l) == Some(on))?;
     let field = |k: &str| {
         l.split_whitespace()
             .find_map(|w| w.strip_prefix(k))
@@ -396,11 +402,6 @@ fn returned(t: &str, start: usize, on: i64) -> Option<(i64, i64)> {
 fn changed_during(t: &str, start: usize, on: i64, pid: i32) -> (i64, [u8; 64]) {
     let mut kinds = [0u8; 64];
     let pat = format!(" pid={pid} ");
-    let cpu_of = |l: &str| {
-        l.find('[')
-            .and_then(|i| l[i + 1..].split(']').next())
-            .and_then(|c| c.parse::<i64>().ok())
-    };
     let field = |l: &str, k: &str| {
         l.split_whitespace()
             .find_map(|w| w.strip_prefix(k))
@@ -408,7 +409,7 @@ fn changed_during(t: &str, start: usize, on: i64, pid: i32) -> (i64, [u8; 64]) {
     };
     let mut mask = 0i64;
     for l in t.lines().skip(start) {
-        if l.contains(" fpret: (") && cpu_of(l) == Some(on) {
+        if l.contains(" fpret: (") && trace_cpu(l) == Some(on) {
             break;
         }
         let ours = has_pid(l, &pat);
@@ -429,11 +430,11 @@ fn changed_during(t: &str, start: usize, on: i64, pid: i32) -> (i64, [u8; 64]) {
             && (l.contains(" prev_pid=0 ") || l.contains(" next_pid=0 "))
         {
             kind = 0;
-            cpus.extend(cpu_of(l));
+            cpus.extend(trace_cpu(l));
         } else if l.contains(" sched_wakeup") && !ours {
             kind = 1;
             cpus.extend(field(l, "target_cpu="));
-        } else if l.contains(" fpret: (") && cpu_of(l) != Some(on) {
+        } else if l.contains(" fpret: (") && trace_cpu(l) != Some(on) {
             kind = 2;
             // Another task's placement ended on another CPU: the CPU it
             // chose gets a pending wakeup (`ttwu_pending`, or the task
