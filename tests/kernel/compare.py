@@ -25,6 +25,7 @@ record."""
 
 import itertools
 import json
+import math
 import os
 import re
 import subprocess
@@ -642,8 +643,10 @@ def main():
     if total_n < min_n:
         print(f"only {total_n} placements compared, fewer than the {min_n} asked for")
         failed = True
+    # At most that share of the records, rounded up to a whole record: one
+    # race in a short run of 24 is not 4 % of anything.
     max_aside = float(os.environ.get("FP_KERNEL_MAX_SET_ASIDE", "100"))
-    if total_r and 100.0 * total_s / total_r > max_aside:
+    if total_r and total_s > math.ceil(max_aside * total_r / 100.0 - 1e-9):
         print(f"{total_s} of {total_r} records set aside, more than {max_aside}%")
         failed = True
     print(

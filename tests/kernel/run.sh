@@ -18,7 +18,8 @@
 #   FP_KERNEL_SEED        space-separated seeds (default "1 2 3")
 #   FP_KERNEL_MIN         minimum agreement in percent (default 99.5)
 #   FP_KERNEL_MIN_COMPARED  fail when fewer placements were compared (default 0)
-#   FP_KERNEL_MAX_SET_ASIDE fail when more records (percent) were set aside (default 3)
+#   FP_KERNEL_MAX_SET_ASIDE fail when more records (percent, rounded up to a whole
+#                         record) were set aside (default 3)
 #   FP_KERNEL_MIN_SGC     fail when fewer records with the sgc_imbalance hint were compared (default 0)
 #   FP_KERNEL_MIGRATIONS  can_migrate_task() verdicts per topology recorded
 #                         after the placements (default 0; tests/kernel/migrate.sh
