@@ -28,10 +28,9 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write as _;
 use std::time::Duration;
 
-use crate::probe::{Btf, event_fields, kallsym, trace_cpu};
+use crate::probe::{Btf, add_event, event_fields, kallsym, trace_cpu};
 use crate::{Lcg, TRACE, cpulist_str, pin};
 
 /// `env->flags` bits (`LBF_*` in kernel/sched/fair.c), in the format's order.
@@ -154,14 +153,8 @@ fn define() -> Result<Enums, String> {
         ret += &format!(" {n}=+{off}($arg1):u64");
     }
     ret += &format!(" th=+{}($arg1):u8", hot_bit / 8);
-    for d in [entry, ret] {
-        let mut f = fs::OpenOptions::new()
-            .append(true)
-            .open(format!("{TRACE}/kprobe_events"))
-            .map_err(|e| e.to_string())?;
-        f.write_all(format!("{d}\n").as_bytes())
-            .map_err(|e| format!("kprobe_events refused ({e}): {d}"))?;
-    }
+    add_event(TRACE, &entry)?;
+    add_event(TRACE, &ret)?;
     // The counters that name the refusing check count only with schedstats
     // on; NUMA balancing off makes migrate_degrades_locality() return -1.
     fs::write("/proc/sys/kernel/sched_schedstats", "1").map_err(|e| format!("schedstats: {e}"))?;

@@ -245,24 +245,16 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
     // Appended one line per write: a write replaces the other probes
     // otherwise, and the kernel parses at most 4 KiB per line.
     for d in &defs {
-        let mut f = fs::OpenOptions::new()
-            .append(true)
-            .open(format!("{trace}/kprobe_events"))
-            .map_err(|e| e.to_string())?;
-        f.write_all(format!("{d}\n").as_bytes())
-            .map_err(|e| format!("kprobe_events refused ({e}): {d}"))?;
+        add_event(trace, d)?;
     }
     // The decision's end: a return probe on the same function (the line
     // that follows the entry events on the deciding CPU).
     // The jiffy at the end tells whether a tick came during the decision
     // (task_h_load() then recomputes an h_load stored in the old jiffy).
-    let ret = "r:fp/fpret select_task_rq_fair ret=$retval:s32 jr=@jiffies:u64\n";
-    let mut f = fs::OpenOptions::new()
-        .append(true)
-        .open(format!("{trace}/kprobe_events"))
-        .map_err(|e| e.to_string())?;
-    f.write_all(ret.as_bytes())
-        .map_err(|e| format!("kprobe_events refused ({e}): {ret}"))?;
+    add_event(
+        trace,
+        "r:fp/fpret select_task_rq_fair ret=$retval:s32 jr=@jiffies:u64",
+    )?;
     // Only decisions made by the harness's own tasks (the load's tasks are
     // named `fpload`): a decision runs in the waker's, parent's or exec'ing
     // task's context, and every placed task's is one of ours. The load's
@@ -344,6 +336,18 @@ pub fn decision(
         out[0].insert("jr".into(), jr);
     }
     Some(out)
+}
+
+/// Appends one probe definition to `kprobe_events` (one line per write: a
+/// plain write replaces the other probes, and the kernel parses at most
+/// 4 KiB per line).
+pub(crate) fn add_event(trace: &str, def: &str) -> Result<(), String> {
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(format!("{trace}/kprobe_events"))
+        .map_err(|e| e.to_string())?;
+    f.write_all(format!("{def}\n").as_bytes())
+        .map_err(|e| format!("kprobe_events refused ({e}): {def}"))
 }
 
 /// The CPU a trace line was written on (`[003]`).
