@@ -31,6 +31,9 @@ pub struct RqTask {
     pub migration_disabled: bool,
     pub per_cpu_kthread: bool,
     pub sched_delayed: bool,
+    /// Its cfs_rq's next buddy (`task_hot()` keeps it): only a kernel
+    /// trace knows; agents report false.
+    pub next_buddy: bool,
     pub nr_threads: u32,
 }
 
@@ -52,6 +55,7 @@ impl RqTask {
             migration_disabled: false,
             per_cpu_kthread: false,
             sched_delayed: false,
+            next_buddy: false,
             nr_threads: 1,
         }
     }
@@ -132,6 +136,7 @@ impl TaskTable {
         p.migration_disabled = t.migration_disabled;
         p.per_cpu_kthread = t.per_cpu_kthread;
         p.sched_delayed = t.sched_delayed;
+        p.next_buddy = t.next_buddy;
         if self.clock.get(cpu).copied().unwrap_or(0) == 0 {
             p.hot = Some(false);
         }

@@ -118,7 +118,10 @@ impl Balancer {
             });
             self.detached.push(t);
             detached += 1;
-            if env.imbalance <= 0 || self.full(pass) {
+            // A preemptible kernel (CONFIG_PREEMPTION, as distributions
+            // build it) keeps a newly idle pull to one task: it runs with
+            // interrupts off on the way into the idle loop.
+            if env.idle == IdleType::NewlyIdle || env.imbalance <= 0 || self.full(pass) {
                 break;
             }
         }

@@ -83,6 +83,11 @@ impl LbState {
         self.group_imbalance[sgc_index(topo, level, g)]
     }
 
+    /// Marks or clears the `sgc->imbalance` of group `g` at `level`.
+    pub fn set_sgc_imbalance(&mut self, topo: &Topology, level: Level, g: SpanId, on: bool) {
+        self.group_imbalance[sgc_index(topo, level, g)] = on;
+    }
+
     /// Whether this state was built for `topo`'s domain tree.
     pub fn fits(&self, topo: &Topology) -> bool {
         self.dom.len() == topo.nr_cpus
@@ -143,6 +148,24 @@ pub struct PassStats {
 }
 
 pub const REJECTION_KINDS: usize = Reason::ALL.len();
+
+/// What one `sched_balance_rq()` call found, for a replay of one pass of a
+/// real kernel ([`Balancer::balance_rq`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RqOutcome {
+    /// Every runqueue `detach_tasks()` was tried on, in order: a redo after
+    /// an all-pinned source picks another. Only sources with more than one
+    /// task (the kernel looks at none otherwise).
+    pub busiest: Vec<usize>,
+    /// The first busiest group and runqueue found, whatever its task count.
+    pub first_group: Option<SpanId>,
+    pub first_rq: Option<usize>,
+    /// The migration type and imbalance the first find set.
+    pub migration_type: Option<MigrationType>,
+    pub imbalance: i64,
+    /// Tasks detached (the proposals without `active`).
+    pub moved: u32,
+}
 
 impl PassStats {
     /// `(reason, count)` for every refusal kind counted at least once.
@@ -208,6 +231,8 @@ struct Pass<'a, 'o> {
     opts: &'o BalanceOpts,
     out: &'o mut Vec<Proposal>,
     stats: PassStats,
+    /// Set by a one-call replay only.
+    outcome: Option<&'o mut RqOutcome>,
 }
 
 impl Balancer {
@@ -241,6 +266,78 @@ impl Balancer {
         out: &mut Vec<Proposal>,
     ) -> PassStats {
         let topo = view.topo;
+        self.prepare(view, table, llc);
+        let mut pass = Pass {
+            topo,
+            view,
+            table,
+            llc,
+            opts,
+            out,
+            stats: PassStats::default(),
+            outcome: None,
+        };
+        let mut c = opts.dst_cpus.next_lt(0, topo.nr_cpus);
+        while let Some(cpu) = c {
+            if topo.online.test(cpu) && !self.full(&pass) {
+                self.sched_balance_domains(&mut pass, cpu);
+            }
+            c = opts.dst_cpus.next_lt(cpu + 1, topo.nr_cpus);
+        }
+        if let Some(l) = llc {
+            self.llc_recorded.clone_from(&l.recorded.borrow());
+        }
+        pass.stats
+    }
+
+    /// One `sched_balance_rq()` call: `cpu` balances its domain `k` as
+    /// `idle`, with the per-domain state already in `self.lb` (the kernel's
+    /// `nr_balance_failed` and `sgc->imbalance` at the call). The detached
+    /// tasks (and an active balance's push) are appended to `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn balance_rq(
+        &mut self,
+        view: View<'_>,
+        table: &TaskTable,
+        llc: Option<&LlcView<'_>>,
+        cpu: usize,
+        k: usize,
+        idle: IdleType,
+        out: &mut Vec<Proposal>,
+    ) -> RqOutcome {
+        let topo = view.topo;
+        let mut outcome = RqOutcome::default();
+        if cpu >= topo.nr_cpus || !topo.online.test(cpu) || k >= topo.domains(cpu).len() {
+            return outcome;
+        }
+        self.prepare(view, table, llc);
+        let opts = BalanceOpts {
+            dst_cpus: CpuMask::new(),
+            now_ms: 0,
+            honor_intervals: false,
+            max_proposals: 0,
+        };
+        let mut pass = Pass {
+            topo,
+            view,
+            table,
+            llc,
+            opts: &opts,
+            out,
+            stats: PassStats::default(),
+            outcome: Some(&mut outcome),
+        };
+        let mut continue_balancing = true;
+        let moved = self.sched_balance_rq(&mut pass, cpu, k, idle, &mut continue_balancing);
+        if let Some(o) = pass.outcome.as_deref_mut() {
+            o.moved = moved;
+        }
+        outcome
+    }
+
+    /// The pass's working copy of the node: runqueues, lists, LLC counts.
+    fn prepare(&mut self, view: View<'_>, table: &TaskTable, llc: Option<&LlcView<'_>>) {
+        let topo = view.topo;
         if !self.lb.fits(topo) {
             self.lb = LbState::new(topo);
             self.llc_recorded.clear();
@@ -256,26 +353,6 @@ impl Balancer {
             l.counts(topo, &table.cpus, &mut self.llc);
             l.recorded.borrow_mut().clone_from(&self.llc_recorded);
         }
-        let mut pass = Pass {
-            topo,
-            view,
-            table,
-            llc,
-            opts,
-            out,
-            stats: PassStats::default(),
-        };
-        let mut c = opts.dst_cpus.next_lt(0, topo.nr_cpus);
-        while let Some(cpu) = c {
-            if topo.online.test(cpu) && !self.full(&pass) {
-                self.sched_balance_domains(&mut pass, cpu);
-            }
-            c = opts.dst_cpus.next_lt(cpu + 1, topo.nr_cpus);
-        }
-        if let Some(l) = llc {
-            self.llc_recorded.clone_from(&l.recorded.borrow());
-        }
-        pass.stats
     }
 
     /// The running task of a CPU's list, if reported.
@@ -399,13 +476,27 @@ impl Balancer {
             let Some(group) = self.sched_balance_find_src_group(pass, &mut env, this_cpu) else {
                 break 'redo Exit::Balanced;
             };
-            let Some(busiest) = self.sched_balance_find_src_rq(pass, &env, group) else {
+            let found = self.sched_balance_find_src_rq(pass, &env, group);
+            let nr = found.map_or(0, |b| self.work.cpus[b].nr_running);
+            if let Some(o) = pass.outcome.as_deref_mut() {
+                if o.first_group.is_none() {
+                    o.first_group = Some(group);
+                    o.first_rq = found;
+                    o.migration_type = Some(env.migration_type);
+                    o.imbalance = env.imbalance;
+                }
+                if let Some(b) = found
+                    && nr > 1
+                {
+                    o.busiest.push(b);
+                }
+            }
+            let Some(busiest) = found else {
                 break 'redo Exit::Balanced;
             };
             env.src_cpu = busiest;
             env.flags |= lbf::ALL_PINNED;
             env.start_imbalance = env.imbalance;
-            let nr = self.work.cpus[busiest].nr_running;
             if nr > 1 {
                 env.loop_max = SCHED_NR_MIGRATE.min(nr);
                 loop {
@@ -453,7 +544,11 @@ impl Balancer {
             let mut need_active = false;
             if moved == 0 {
                 let llc_pinned = env.flags & lbf::LLC_PINNED != 0;
-                if env.migration_type != MigrationType::Misfit && !llc_pinned {
+                // Newly idle passes are too frequent to count as failures.
+                if env.idle != IdleType::NewlyIdle
+                    && env.migration_type != MigrationType::Misfit
+                    && !llc_pinned
+                {
                     st.nr_balance_failed += 1;
                 }
                 // Decided once: the kernel's stopper runs later, so its
@@ -507,6 +602,11 @@ impl Balancer {
         let topo = pass.topo;
         if !env.cpus.test(env.dst_cpu) {
             return false;
+        }
+        // Every CPU going idle may pull for itself, unless work arrived.
+        if env.idle == IdleType::NewlyIdle {
+            let dst = &self.work.cpus[env.dst_cpu];
+            return dst.nr_running == 0 && !dst.ttwu_pending;
         }
         let d = &topo.domains(this_cpu)[env.sd];
         let mut swb = env.dst_grpmask.and(&env.cpus);
