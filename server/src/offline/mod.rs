@@ -3,6 +3,7 @@
 //! kernel harness's and the differential tests' way in), and `pki` writes
 //! a development PKI.
 
+pub mod balance;
 pub mod decide;
 pub mod pki;
 pub mod scenario;

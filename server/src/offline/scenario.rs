@@ -118,6 +118,9 @@ fn flag_names(flags: u32) -> Vec<&'static str> {
 
 /// Parses and decides one scenario, returning the output line's object.
 pub fn decide_value(v: &Value) -> Result<Value, FieldError> {
+    if super::balance::is_balance(v) {
+        return super::balance::decide_balance(v);
+    }
     let s = parse(v)?;
     let a = s.decide();
     Ok(s.answer_json(&a))
@@ -125,13 +128,13 @@ pub fn decide_value(v: &Value) -> Result<Value, FieldError> {
 
 /// A JSON object being read, with its path for error messages. Unknown keys
 /// are rejected up front.
-struct Obj<'a> {
-    path: String,
-    map: &'a Map<String, Value>,
+pub(super) struct Obj<'a> {
+    pub(super) path: String,
+    pub(super) map: &'a Map<String, Value>,
 }
 
 impl<'a> Obj<'a> {
-    fn new(v: &'a Value, path: &str, known: &[&str]) -> Result<Self, FieldError> {
+    pub(super) fn new(v: &'a Value, path: &str, known: &[&str]) -> Result<Self, FieldError> {
         let map = v
             .as_object()
             .ok_or_else(|| FieldError::new(path, "must be an object"))?;
@@ -146,33 +149,33 @@ impl<'a> Obj<'a> {
         })
     }
 
-    fn field(&self, k: &str) -> String {
+    pub(super) fn field(&self, k: &str) -> String {
         join(&self.path, k)
     }
 
     /// The value, treating JSON null as absent.
-    fn get(&self, k: &str) -> Option<&'a Value> {
+    pub(super) fn get(&self, k: &str) -> Option<&'a Value> {
         self.map.get(k).filter(|v| !v.is_null())
     }
 
-    fn int(&self, k: &str, min: i64, max: i64) -> Result<Option<i64>, FieldError> {
+    pub(super) fn int(&self, k: &str, min: i64, max: i64) -> Result<Option<i64>, FieldError> {
         match self.map.get(k) {
             None => Ok(None),
             Some(v) => int_value(v, &self.field(k), min, max).map(Some),
         }
     }
 
-    fn int_or(&self, k: &str, min: i64, max: i64, def: i64) -> Result<i64, FieldError> {
+    pub(super) fn int_or(&self, k: &str, min: i64, max: i64, def: i64) -> Result<i64, FieldError> {
         Ok(self.int(k, min, max)?.unwrap_or(def))
     }
 
-    fn req_int(&self, k: &str, min: i64, max: i64) -> Result<i64, FieldError> {
+    pub(super) fn req_int(&self, k: &str, min: i64, max: i64) -> Result<i64, FieldError> {
         self.int(k, min, max)?
             .ok_or_else(|| FieldError::new(self.field(k), "is required"))
     }
 
     /// An integer that may be JSON null (`Some(None)`).
-    fn nullable_int(&self, k: &str, min: i64, max: i64) -> Result<Option<Option<i64>>, FieldError> {
+    pub(super) fn nullable_int(&self, k: &str, min: i64, max: i64) -> Result<Option<Option<i64>>, FieldError> {
         match self.map.get(k) {
             None => Ok(None),
             Some(Value::Null) => Ok(Some(None)),
@@ -180,7 +183,7 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn bool(&self, k: &str) -> Result<Option<bool>, FieldError> {
+    pub(super) fn bool(&self, k: &str) -> Result<Option<bool>, FieldError> {
         match self.map.get(k) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -188,11 +191,11 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn bool_or(&self, k: &str, def: bool) -> Result<bool, FieldError> {
+    pub(super) fn bool_or(&self, k: &str, def: bool) -> Result<bool, FieldError> {
         Ok(self.bool(k)?.unwrap_or(def))
     }
 
-    fn nullable_bool(&self, k: &str) -> Result<Option<bool>, FieldError> {
+    pub(super) fn nullable_bool(&self, k: &str) -> Result<Option<bool>, FieldError> {
         match self.map.get(k) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -203,7 +206,7 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn str(&self, k: &str) -> Result<Option<&'a str>, FieldError> {
+    pub(super) fn str(&self, k: &str) -> Result<Option<&'a str>, FieldError> {
         match self.map.get(k) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
@@ -211,7 +214,7 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn choice<T: Copy>(&self, k: &str, opts: &[(&str, T)], def: T) -> Result<T, FieldError> {
+    pub(super) fn choice<T: Copy>(&self, k: &str, opts: &[(&str, T)], def: T) -> Result<T, FieldError> {
         match self.str(k)? {
             None => Ok(def),
             Some(s) => opts
@@ -228,7 +231,7 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn cpulist(&self, k: &str, n: usize) -> Result<Option<CpuMask>, FieldError> {
+    pub(super) fn cpulist(&self, k: &str, n: usize) -> Result<Option<CpuMask>, FieldError> {
         match self.str(k)? {
             None => Ok(None),
             Some(s) => CpuMask::parse_cpulist(s, n)
@@ -237,7 +240,7 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn cpu(&self, k: &str, n: usize) -> Result<Option<usize>, FieldError> {
+    pub(super) fn cpu(&self, k: &str, n: usize) -> Result<Option<usize>, FieldError> {
         match self.map.get(k) {
             None => Ok(None),
             Some(v) => cpu_value(v, &self.field(k), n).map(Some),
@@ -289,70 +292,44 @@ fn cpu_value(v: &Value, field: &str, n: usize) -> Result<usize, FieldError> {
     Ok(x as usize)
 }
 
+/// The top-level fields every request kind shares.
+pub(super) const NODE_KEYS: [&str; 14] = [
+    "version",
+    "name",
+    "kernel",
+    "generator",
+    "features",
+    "system",
+    "topology",
+    "cpus",
+    "llc",
+    "asym",
+    "sgc_imbalance",
+    "task",
+    "request",
+    "expected",
+];
+
+/// What a scenario says about the node, whatever it asks.
+pub(super) struct Node {
+    pub name: Option<String>,
+    pub topology: Topology,
+    pub state: NodeState,
+    pub features: Features,
+    pub system: System,
+}
+
 /// Parses and validates one scenario.
 pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
-    let top = Obj::new(
-        v,
-        "",
-        &[
-            "version",
-            "name",
-            "kernel",
-            "generator",
-            "features",
-            "system",
-            "topology",
-            "cpus",
-            "llc",
-            "asym",
-            "sgc_imbalance",
-            "task",
-            "request",
-            "expected",
-        ],
-    )?;
-    let version = top.int_or("version", i64::MIN, i64::MAX, 1)?;
-    if version != 1 {
-        return Err(FieldError::new(
-            "version",
-            format!("{version} is not supported (must be 1)"),
-        ));
-    }
-    let name = top.str("name")?.map(str::to_string);
-    if let Some(g) = top.map.get("generator")
-        && !g.is_object()
-    {
-        return Err(FieldError::new("generator", "must be an object"));
-    }
-
-    let kernel = parse_kernel(top.map.get("kernel"))?;
-    let features = parse_features(top.map.get("features"), kernel)?;
-    let system = parse_system(top.map.get("system"))?;
-    let spec = parse_topology(
-        top.map
-            .get("topology")
-            .ok_or_else(|| FieldError::new("topology", "is required"))?,
-    )?;
-    spec.validate("topology")?;
-    let n = spec.cpus.len();
-    let cpus = parse_cpus(top.map.get("cpus"), &spec)?;
-    let mut online = CpuMask::new();
-    for (i, c) in cpus.iter().enumerate() {
-        if c.online {
-            online.set(i);
-        }
-    }
-    let topology = Topology::build(&spec, &online, system.node_reclaim_distance)?;
-    if kernel == Kernel::V6_12 && top.map.contains_key("asym") {
-        return Err(FieldError::new(
-            "asym",
-            "Linux 6.12 has no asymmetric-capacity shared object (kernel \"6.12\")",
-        ));
-    }
-    let hints = parse_hints(top.map.get("llc"), top.map.get("asym"), &topology)?;
-    let mut state = NodeState::new(&topology, cpus, &hints, &features);
-    state.sgc_imbalance = parse_sgc_imbalance(top.map.get("sgc_imbalance"), &topology)?;
-
+    let top = Obj::new(v, "", &NODE_KEYS)?;
+    let Node {
+        name,
+        topology,
+        state,
+        features,
+        system,
+    } = parse_node(&top)?;
+    let n = topology.nr_cpus;
     let req_v = top
         .map
         .get("request")
@@ -389,7 +366,7 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
             return Err(FieldError::new(
                 "request.kind",
                 format!(
-                    "{} is not one of wakeup, fork, exec, can_migrate",
+                    "{} is not one of wakeup, fork, exec, can_migrate, balance",
                     quote(other)
                 ),
             ));
@@ -406,6 +383,57 @@ pub fn parse(v: &Value) -> Result<Scenario, FieldError> {
     })
 }
 
+/// The version, kernel, features, system, topology, per-CPU state and hints.
+pub(super) fn parse_node(top: &Obj<'_>) -> Result<Node, FieldError> {
+    let version = top.int_or("version", i64::MIN, i64::MAX, 1)?;
+    if version != 1 {
+        return Err(FieldError::new(
+            "version",
+            format!("{version} is not supported (must be 1)"),
+        ));
+    }
+    let name = top.str("name")?.map(str::to_string);
+    if let Some(g) = top.map.get("generator")
+        && !g.is_object()
+    {
+        return Err(FieldError::new("generator", "must be an object"));
+    }
+
+    let kernel = parse_kernel(top.map.get("kernel"))?;
+    let features = parse_features(top.map.get("features"), kernel)?;
+    let system = parse_system(top.map.get("system"))?;
+    let spec = parse_topology(
+        top.map
+            .get("topology")
+            .ok_or_else(|| FieldError::new("topology", "is required"))?,
+    )?;
+    spec.validate("topology")?;
+    let cpus = parse_cpus(top.map.get("cpus"), &spec)?;
+    let mut online = CpuMask::new();
+    for (i, c) in cpus.iter().enumerate() {
+        if c.online {
+            online.set(i);
+        }
+    }
+    let topology = Topology::build(&spec, &online, system.node_reclaim_distance)?;
+    if kernel == Kernel::V6_12 && top.map.contains_key("asym") {
+        return Err(FieldError::new(
+    "asym",
+            "Linux 6.12 has no asymmetric-capacity shared object (kernel \"6.12\")",
+        ));
+    }
+    let hints = parse_hints(top.map.get("llc"), top.map.get("asym"), &topology)?;
+    let mut state = NodeState::new(&topology, cpus, &hints, &features);
+    state.sgc_imbalance = parse_sgc_imbalance(top.map.get("sgc_imbalance"), &topology)?;
+    Ok(Node {
+        name,
+        topology,
+        state,
+        features,
+        system,
+    })
+}
+
 /// The kernel profile (section 13): `"mainline"` (default) or `"6.12"`.
 fn parse_kernel(v: Option<&Value>) -> Result<Kernel, FieldError> {
     match v {
@@ -417,7 +445,7 @@ fn parse_kernel(v: Option<&Value>) -> Result<Kernel, FieldError> {
             )
         }),
         Some(_) => Err(FieldError::new(
-            "kernel",
+    "kernel",
             "must be \"mainline\" or \"6.12\"",
         )),
     }

@@ -210,6 +210,7 @@ pub(super) fn runnable_task(
         migration_disabled: t.migration_disabled,
         per_cpu_kthread: t.per_cpu_kthread,
         sched_delayed: t.sched_delayed,
+        next_buddy: false,
         nr_threads: t.nr_threads,
     };
     Ok((task, mask))
