@@ -25,10 +25,16 @@
 #                         after the placements (default 0; tests/kernel/migrate.sh
 #                         sets it), compared by compare_migrate.py
 #   FP_KERNEL_MIN_MIGRATE fail when fewer verdicts were compared (default 0)
+#   FP_KERNEL_PASSES      whole load-balance passes per topology recorded last
+#                         (default 0; migrate.sh sets it), compared by
+#                         compare_balance.py
+#   FP_KERNEL_MIN_PASSES  fail when fewer passes that detached a task were
+#                         compared (default 0)
 # The last line printed is
 # `kernel agreement A/N (P%) over T topologies, kernel K; R records, S set aside`,
 # or with FP_KERNEL_PLACEMENTS=0 (migrate.sh)
-# `kernel can_migrate agreement A/N (P%) over T topologies`.
+# `kernel can_migrate agreement A/N (P%) over T topologies` and then
+# `kernel balance agreement A/N (P%) over T topologies; R passes, S set aside`.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -41,6 +47,7 @@ PROFILES="$FP_KERNEL_PROFILES"
 SEEDS="${FP_KERNEL_SEED:-1 2 3}"
 MIN="${FP_KERNEL_MIN:-99.5}"
 MIGRATIONS="${FP_KERNEL_MIGRATIONS:-0}"
+PASSES="${FP_KERNEL_PASSES:-0}"
 export FP_KERNEL_MAX_SET_ASIDE="${FP_KERNEL_MAX_SET_ASIDE:-3}"
 mkdir -p "$WORK"
 log() { echo "kernel-fidelity: $*" >&2; }
@@ -150,9 +157,9 @@ boot_guest() { # topology log placements
     # crashes the guest while it patches its own text, and sets aside more
     # records (a vCPU stalls inside a decision) for little speed.
     # shellcheck disable=SC2046
-    timeout "$((600 + 12 * $3 + MIGRATIONS))" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
+    timeout "$((600 + 12 * $3 + MIGRATIONS + 2 * PASSES))" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
         -kernel "$WORK/kernel/vmlinuz" -initrd "$WORK/initrd.gz" \
-        -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$3 fp.seed=${SEEDS// /,} fp.profiles=${PROFILES// /,} fp.hz=$HZ_CONFIG fp.migrations=$MIGRATIONS" \
+        -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$3 fp.seed=${SEEDS// /,} fp.profiles=${PROFILES// /,} fp.hz=$HZ_CONFIG fp.migrations=$MIGRATIONS fp.passes=$PASSES" \
         -display none -monitor none -serial "file:$2" -no-reboot 2>"$WORK/$1.qemu.err" || true
 }
 run_topology() { # topology: boots it (again after an early crash), prints its line
@@ -168,14 +175,14 @@ run_topology() { # topology: boots it (again after an early crash), prints its l
         start=$(date +%s.%N)
         boot_guest "$t" "$out" "$n"
         end=$(date +%s.%N)
-        grep -q '^SCN\|^MIG ' "$out" && break
+        grep -q '^SCN\|^MIG \|^LB ' "$out" && break
         grep -q 'Oops\|Kernel panic' "$out" || break
         log "$t: the guest kernel crashed before the first record (attempt $attempt): $(grep -m1 'RIP:' "$out" | tr -d '\r')"
     done
     # The kernel's clock at its last sched_verbose line: boot to init.
     boot=$(sed -n 's/^KDOM \[ *\([0-9.]*\)\].*/\1/p' "$out" | tail -1)
     printf '%s: guest ran %.1f s (kernel booted in %s s of it), %s records\n' \
-        "$t" "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "${boot:-?}" "$(grep -c '^SCN\|^MIG ' "$out" || true)" \
+        "$t" "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "${boot:-?}" "$(grep -c '^SCN\|^MIG \|^LB ' "$out" || true)" \
         >"$LOGDIR/$t.summary"
 }
 # FP_KERNEL_JOBS guests at a time (default 2: each uses one host CPU).
@@ -194,6 +201,9 @@ for t in $TOPOLOGIES; do cat "$LOGDIR/$t.summary" 2>/dev/null || echo "$t: no su
 rc=0
 if [ "$MIGRATIONS" != 0 ]; then
     python3 "$ROOT/tests/kernel/compare_migrate.py" "$DECIDE" "${FP_KERNEL_MIN_MIGRATE_PCT:-99.5}" "${logs[@]}" || rc=1
+fi
+if [ "$PASSES" != 0 ]; then
+    python3 "$ROOT/tests/kernel/compare_balance.py" "$DECIDE" "${FP_KERNEL_MIN_BALANCE_PCT:-95}" "${logs[@]}" || rc=1
 fi
 if [ "$PLACEMENTS" != 0 ]; then
     python3 "$ROOT/tests/kernel/compare.py" "$DECIDE" "$MIN" "${logs[@]}" || rc=1

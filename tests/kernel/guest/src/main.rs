@@ -21,6 +21,7 @@ use std::time::Duration;
 
 mod load;
 mod migrate;
+mod pass;
 mod probe;
 
 use load::{Load, Profile};
@@ -127,6 +128,13 @@ fn main() {
         .unwrap_or(0);
     if migrations > 0 {
         migrate::run(&topo, nr, &seeds, migrations);
+    }
+    // Whole load-balance passes (fp.passes), last.
+    let passes: usize = kernel_arg("fp.passes")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if passes > 0 {
+        pass::run(&topo, nr, &seeds, passes);
     }
     power_off();
 }

@@ -49,7 +49,7 @@ const KTHREAD_IS_PER_CPU: u64 = 1 << 0;
 
 /// The workloads a round of balancing runs, one per round by the seed.
 #[derive(Clone, Copy, Debug)]
-enum Workload {
+pub(crate) enum Workload {
     /// More unpinned spinners than CPUs, all started on one CPU.
     Pile,
     /// Spinners started on one CPU, each allowed on two or three CPUs.
@@ -60,7 +60,7 @@ enum Workload {
     Sleepers,
 }
 
-const WORKLOADS: [Workload; 4] = [
+pub(crate) const WORKLOADS: [Workload; 4] = [
     Workload::Pile,
     Workload::Pinned,
     Workload::IdleMix,
@@ -68,7 +68,7 @@ const WORKLOADS: [Workload; 4] = [
 ];
 
 impl Workload {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Workload::Pile => "pile",
             Workload::Pinned => "pinned",
@@ -80,18 +80,21 @@ impl Workload {
 
 /// What the records need besides the probes: the enums' values as this
 /// kernel numbers them.
-struct Enums {
-    idle: [(i64, &'static str); 3],
-    migration: [(i64, &'static str); 4],
+pub(crate) struct Enums {
+    pub(crate) idle: [(i64, &'static str); 3],
+    pub(crate) migration: [(i64, &'static str); 4],
     /// Byte offset of `se` in `task_struct` (the next-buddy test).
     se: u64,
     /// The bit of `sched_task_hot` in the byte the return probe reads.
     hot_bit: u32,
+    /// Byte offset of the root `cfs_rq` in `struct rq` (a task's
+    /// `se.cfs_rq` is it when the task is in the root group).
+    pub(crate) rq_cfs: u64,
 }
 
 /// Defines the two probes (`fpm/cm`, `fpm/cmr`) and switches off what the
 /// format does not model. Returns the enums the records are named by.
-fn define() -> Result<Enums, String> {
+pub(crate) fn define() -> Result<Enums, String> {
     let btf = Btf::load().ok_or("no BTF")?;
     let syms = fs::read_to_string("/proc/kallsyms").map_err(|e| e.to_string())?;
     if !syms.lines().any(|l| l.ends_with(" can_migrate_task")) {
@@ -145,6 +148,24 @@ fn define() -> Result<Enums, String> {
         o("lb_env", "migration_type")?,
         o("rq", "clock_task")?,
     );
+    // What a whole pass's replay needs besides the verdict (`pass`): the
+    // task's PELT averages, task_h_load()'s inputs (its cfs_rq, that
+    // cfs_rq's h_load, the jiffy it was computed in, its load), the
+    // env's imbalance and the source runqueue.
+    let (avg, cfs_avg) = (se + o("sched_entity", "avg")?, o("cfs_rq", "avg")?);
+    let sa = |m: &str| o("sched_avg", m);
+    let cq = format!("+{}($arg1)", se + o("sched_entity", "cfs_rq")?);
+    entry += &format!(
+        " tl=+{}($arg1):u64 tu=+{}($arg1):u64 tue=+{}($arg1):u32 tr=+{}($arg1):u64 cq={cq}:x64 hl=+{}({cq}):u64 hu=+{}({cq}):u64 cl=+{}({cq}):u64 jf=@jiffies:u64 im=+{}($arg2):s64 srq=+{src_rq}($arg2):x64",
+        avg + sa("load_avg")?,
+        avg + sa("util_avg")?,
+        avg + sa("util_est")?,
+        avg + sa("runnable_avg")?,
+        o("cfs_rq", "h_load")?,
+        o("cfs_rq", "last_h_load_update")?,
+        cfs_avg + sa("load_avg")?,
+        o("lb_env", "imbalance")?,
+    );
     let mut ret = format!(
         "r:fpm/cmr can_migrate_task ret=$retval:s32 fl=+{fl}($arg2):u32 nd=+{nd}($arg2):s32"
     );
@@ -173,6 +194,7 @@ fn define() -> Result<Enums, String> {
         ],
         se: se as u64,
         hot_bit: (hot_bit % 8) as u32,
+        rq_cfs: o("rq", "cfs")? as u64,
     })
 }
 
@@ -239,12 +261,12 @@ pub fn run(topo: &str, nr: usize, seeds: &[u64], quota: usize) {
 /// often, so the balancer's hot refusals, its repeated failures
 /// (`nr_balance_failed` past `cache_nice_tries`: forced migrations) and
 /// active balancing come up; 0 makes every task cold.
-const MIGRATION_COST: &str = "/sys/kernel/debug/sched/migration_cost_ns";
+pub(crate) const MIGRATION_COST: &str = "/sys/kernel/debug/sched/migration_cost_ns";
 const MIGRATION_COSTS: [u32; 5] = [500_000, 500_000, 5_000_000, 50_000_000, 0];
 
 /// Up to `want` records, one from each reason in turn; within a reason,
 /// spread evenly over the round.
-fn take_spread(by_reason: BTreeMap<&str, Vec<String>>, want: usize) -> Vec<String> {
+pub(crate) fn take_spread(by_reason: BTreeMap<&str, Vec<String>>, want: usize) -> Vec<String> {
     let total: usize = by_reason.values().map(Vec::len).sum();
     let mut quota: BTreeMap<&str, usize> = by_reason.keys().map(|&k| (k, 0)).collect();
     let mut left = want.min(total);
@@ -266,7 +288,7 @@ fn take_spread(by_reason: BTreeMap<&str, Vec<String>>, want: usize) -> Vec<Strin
 }
 
 /// Runs one workload for a while with the probes on; returns the trace.
-fn round(rng: &mut Lcg, nr: usize, w: Workload) -> String {
+pub(crate) fn round(rng: &mut Lcg, nr: usize, w: Workload) -> String {
     let cost = MIGRATION_COSTS[rng.below(MIGRATION_COSTS.len())];
     let _ = fs::write(MIGRATION_COST, cost.to_string());
     let _ = fs::write(format!("{TRACE}/trace"), "");
@@ -333,7 +355,7 @@ fn spawn(home: usize, allowed: &[usize], idle: bool, nice: i32, sleeper: bool) -
     }
 }
 
-type Fields = BTreeMap<String, i64>;
+pub(crate) type Fields = BTreeMap<String, i64>;
 
 /// The entry and return events of each call, paired per CPU (a call runs
 /// with interrupts off, so the return is the next event of its CPU).
@@ -361,7 +383,7 @@ fn verdicts(t: &str) -> Vec<(Fields, Fields)> {
 /// A cpumask's first word as a cpulist of the `nr` CPUs (the bits past
 /// `nr_cpu_ids` in that word are not the mask's: the kernel never reads
 /// them).
-fn mask_list(m: i64, nr: usize) -> String {
+pub(crate) fn mask_list(m: i64, nr: usize) -> String {
     let v: Vec<usize> = (0..nr.min(64))
         .filter(|&c| (m as u64) >> c & 1 == 1)
         .collect();
@@ -410,15 +432,7 @@ fn scenario(
     };
     let idle = name(&en.idle, g(a, "idle")?)?;
     let mt = name(&en.migration, g(a, "mt")?)?;
-    let policy = match g(a, "pol")? {
-        0 => "normal",
-        3 => "batch",
-        5 => "idle",
-        p => return Err(format!("policy {p}")),
-    };
-    let kthread = g(a, "pf")? as u64 & PF_KTHREAD != 0;
-    let per_cpu = kthread && g(a, "kf")? as u64 & KTHREAD_IS_PER_CPU != 0;
-    let buddy = g(a, "nx")? as u64 == (g(a, "p")? as u64).wrapping_add(en.se);
+    let (task, per_cpu) = task_fields(en, a, nr)?;
     let (fl_in, fl_out) = (g(a, "fl")? as u32, g(b, "fl")? as u32);
     let allowed = g(b, "ret")? != 0;
     let d = |k: &str| Ok::<i64, String>(g(b, k)? - g(a, k)?);
@@ -454,13 +468,10 @@ fn scenario(
         _ => return Err("dst_grpmask or cpus unreadable outside active balancing".into()),
     };
     let body = format!(
-        "\"topology\":{topo},\"system\":{{\"migration_cost_ns\":{}}},\"cpus\":[{{\"id\":{src},\"nr_running\":{}}},{{\"id\":{dst},\"nr_running\":{}}}],\"task\":{{\"policy\":\"{policy}\",\"cpus_allowed\":\"{}\",\"per_cpu_kthread\":{per_cpu},\"running\":{},\"next_buddy\":{buddy},\"exec_start\":{}}},\"request\":{{\"kind\":\"can_migrate\",\"src_cpu\":{src},\"dst_cpu\":{dst},\"sd_level\":\"{level}\"{masks},\"idle\":\"{idle}\",\"migration_type\":\"{mt}\",\"flags\":{},\"nr_balance_failed\":{},\"cache_nice_tries\":{},\"now\":{}}},\"expected\":{{\"allowed\":{allowed},\"new_dst_cpu\":{new_dst},\"flags\":{},\"reason\":\"{reason}\"}}",
+        "\"topology\":{topo},\"system\":{{\"migration_cost_ns\":{}}},\"cpus\":[{{\"id\":{src},\"nr_running\":{}}},{{\"id\":{dst},\"nr_running\":{}}}],\"task\":{{{task}}},\"request\":{{\"kind\":\"can_migrate\",\"src_cpu\":{src},\"dst_cpu\":{dst},\"sd_level\":\"{level}\"{masks},\"idle\":\"{idle}\",\"migration_type\":\"{mt}\",\"flags\":{},\"nr_balance_failed\":{},\"cache_nice_tries\":{},\"now\":{}}},\"expected\":{{\"allowed\":{allowed},\"new_dst_cpu\":{new_dst},\"flags\":{},\"reason\":\"{reason}\"}}",
         g(a, "mc")?,
         g(a, "sn")?,
         g(a, "dn")?,
-        mask_list(g(a, "am")?, nr),
-        g(a, "oc")? != 0,
-        g(a, "es")?,
         flag_names(fl_in),
         g(a, "nbf")?,
         g(a, "cnt")?,
@@ -468,4 +479,29 @@ fn scenario(
         flag_names(fl_out),
     );
     Ok((reason, body))
+}
+
+/// The task as a `can_migrate_task()` entry probe saw it, in the format's
+/// task fields (policy, affinity, per-CPU kthread, running, next buddy,
+/// `exec_start`), and whether it is a per-CPU kthread.
+pub(crate) fn task_fields(en: &Enums, a: &Fields, nr: usize) -> Result<(String, bool), String> {
+    let g = |k: &str| a.get(k).copied().ok_or(format!("no field {k}"));
+    let policy = match g("pol")? {
+        0 => "normal",
+        3 => "batch",
+        5 => "idle",
+        p => return Err(format!("policy {p}")),
+    };
+    let kthread = g("pf")? as u64 & PF_KTHREAD != 0;
+    let per_cpu = kthread && g("kf")? as u64 & KTHREAD_IS_PER_CPU != 0;
+    let buddy = g("nx")? as u64 == (g("p")? as u64).wrapping_add(en.se);
+    Ok((
+        format!(
+            "\"policy\":\"{policy}\",\"cpus_allowed\":\"{}\",\"per_cpu_kthread\":{per_cpu},\"running\":{},\"next_buddy\":{buddy},\"exec_start\":{}",
+            mask_list(g("am")?, nr),
+            g("oc")? != 0,
+            g("es")?,
+        ),
+        per_cpu,
+    ))
 }
