@@ -5,7 +5,8 @@
     python3 gen.py --seed S --count N --stats  also run model.py in-process and print,
                                                on stderr, what the proposals cover
 
-Each node: a topology in the scenario format (SMT1/2/4/8, 1-4 LLCs, 1-2 NUMA nodes,
+Each node: a topology in the scenario format (SMT1/2/4/8, 1-4 LLCs, 1, 2 or 4 NUMA nodes
+(four in a chain at unequal distances),
 4-64 CPUs, packed or x86-interleaved numbering, now and then LLCs of unequal size),
 every CPU online with capacity 1024, per-CPU state consistent with the CPU's task list
 (nr_running, load/util/util_est/runnable sums), the task lists (head = most recently
@@ -58,8 +59,12 @@ def cpulist(cpus):
 
 def gen_topology(rng):
     smt = rng.choice([1, 1, 2, 2, 2, 4, 8])
-    n_nodes = 1 if rng.random() < 0.6 else 2
-    llc_per_node = rng.choice([1, 2, 3, 4]) if n_nodes == 1 else rng.choice([1, 2])
+    r = rng.random()
+    # Four nodes in a chain at unequal distances (three NUMA levels,
+    # overlapping groups, groups built from a descended sibling: the live
+    # kernel showed the balancer had their flags wrong).
+    n_nodes = 1 if r < 0.55 else 2 if r < 0.9 else 4
+    llc_per_node = rng.choice([1, 2, 3, 4]) if n_nodes == 1 else rng.choice([1, 2]) if n_nodes == 2 else 1
     n_llc = n_nodes * llc_per_node
     lo = max(1, -(-4 // (smt * n_llc)))
     hi = max(lo, 64 // (smt * n_llc))
@@ -91,6 +96,9 @@ def gen_topology(rng):
     if n_nodes == 2 and rng.random() < 0.3:
         d = rng.choice([12, 16, 21, 32])
         topo["numa_distance"] = [[10, d], [d, 10]]
+    elif n_nodes == 4:
+        step = rng.choice([6, 8])
+        topo["numa_distance"] = [[10 if a == b else 10 + step * abs(a - b) for b in range(4)] for a in range(4)]
     shape = {"smt": smt, "nodes": n_nodes, "llcs": n_llc, "cpus": ncpu,
              "interleaved": interleaved, "uneven": len(set(cores)) > 1}
     return topo, shape

@@ -325,12 +325,16 @@ class Node:
                 # Overlapping groups are allocated per CPU (build_overlap_sched_groups):
                 # the local group's flags are rewritten by this CPU's cpu_attach_domain(),
                 # every other group keeps the flags of the child it was built from.
+                sib_li = sd.li
                 if idx == 0:
                     flags = T.group_flags[(sd.level, span)]
                 else:
-                    flags = self._overlap_build_flags(sd, span)
-                bmask = self._build_balance_mask(sd, span)
-                sgc = (sd.li, lowest(bmask))
+                    flags, sib_li = self._overlap_build_flags(sd, span)
+                # init_overlap_sched_group(sibling, sg) runs on the (possibly
+                # descended) sibling: the balance mask and the shared capacity
+                # are that sibling's level's.
+                bmask = self._build_balance_mask(sib_li, span)
+                sgc = (sib_li, lowest(bmask))
             out.append(LbGroup(span, flags, bmask, sgc, self._cores(span)))
         self._groups[key] = out
         return out
@@ -338,7 +342,8 @@ class Node:
     def _overlap_build_flags(self, sd, gspan):
         """build_group_from_child_sched_domain(): sg->flags = sibling->child->flags, the
         sibling being the first CPU of the group's own domain at this level (descended
-        with find_descended_sibling() when its child sticks out of the span)."""
+        with find_descended_sibling() when its child sticks out of the span). Returns the
+        flags and the sibling's level index."""
         T = self.topo
         for i in oracle.wrap(sd.span, sd.cpu):
             chain_i = T.pre[i]
@@ -352,20 +357,20 @@ class Node:
                     sib = sib.child0
             if sib.child0 is not None:
                 if sib.child0.span == gspan:
-                    return sib.child0.flags0
+                    return sib.child0.flags0, sib.li
             elif sib.span == gspan:
-                return 0
-        return 0
+                return 0, sib.li
+        return 0, sd.li
 
-    def _build_balance_mask(self, sd, gspan):
-        """build_balance_mask(): the group's CPUs whose own domain at this level has the
-        group as its child span."""
+    def _build_balance_mask(self, li, gspan):
+        """build_balance_mask(): the group's CPUs whose own domain at level `li` (the
+        sibling's the group was built from) has the group as its child span."""
         m = 0
         for i in bits(gspan):
             chain_i = self.topo.pre[i]
-            if sd.li >= len(chain_i):
+            if li >= len(chain_i):
                 continue
-            sib = chain_i[sd.li]
+            sib = chain_i[li]
             if sib.child0 is None:
                 continue
             if sib.child0.span != gspan:

@@ -390,3 +390,49 @@ fn balance_agrees_with_the_kernel_model_on_random_nodes() {
         failures.len()
     );
 }
+
+/// The passes the live kernel ran that the balancer once answered
+/// differently (tests/oracle_balance/kernel_cases.jsonl, recorded by the
+/// kernel harness, docs/kernel-fidelity.md): each must replay, through
+/// `decide`'s balance request, to the kernel's own outcome: the runqueues
+/// walked, the migration type, the tasks detached.
+#[test]
+fn passes_the_live_kernel_ran_replay_to_the_kernels_outcome() {
+    let text = std::fs::read_to_string(model_dir().join("kernel_cases.jsonl"))
+        .expect("tests/oracle_balance/kernel_cases.jsonl");
+    let detached = |v: &Value| {
+        let mut d: Vec<(u64, u64, u64)> = v
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|t| {
+                let f = |k: &str| t[k].as_u64().expect("an id");
+                (f("id"), f("src_cpu"), f("dst_cpu"))
+            })
+            .collect();
+        d.sort_unstable();
+        d
+    };
+    let mut n = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let s: Value = serde_json::from_str(line).expect("a scenario per line");
+        let want = &s["expected"];
+        let got = fairplace::offline::scenario::decide_value(&s).expect("decides");
+        let name = s["name"].as_str().unwrap_or("?");
+        let why = s["generator"]["why"].as_str().unwrap_or("");
+        assert_eq!(got["busiest"], want["busiest"], "{name} ({why}): {got}");
+        if want["busiest"].as_array().is_some_and(|b| !b.is_empty()) {
+            assert_eq!(
+                got["migration_type"], want["migration_type"],
+                "{name} ({why}): {got}"
+            );
+        }
+        assert_eq!(
+            detached(&got["detached"]),
+            detached(&want["detached"]),
+            "{name} ({why}): {got}"
+        );
+        n += 1;
+    }
+    assert!(n >= 3, "only {n} recorded kernel passes");
+}

@@ -12,6 +12,7 @@
 //! | `select_idle_capacity()` | no SIS_UTIL budget, no idle-core preference | SMT-aware ranking with budget | D8 |
 //! | shared objects | read through `sd_llc_shared` only | `sd_balance_shared`: an asym-capacity object | D10, D12 |
 //! | `can_migrate_task()` | throttled pair, per-CPU kthread | + delayed, ineligible, blocked | D4 |
+//! | the balancer's task counts (`sum_h_nr_running`, the busiest runqueue's, active balance's) | `cfs.h_nr_queued`: delayed-dequeue tasks count | `cfs.h_nr_runnable` | seen in the live kernel's passes |
 //!
 //! The notes date mainline as the 2026 development cycle; they do not give
 //! the release of each change, so neither does this table. The 6.12 column
@@ -20,7 +21,8 @@
 use super::cpumask::WrapWalk;
 use super::ctx::Ctx;
 use super::features::Kernel;
-use super::state::NodeState;
+use super::rq::h_nr_runnable;
+use super::state::{CpuState, NodeState};
 use super::topology::{Domain, Topology};
 
 impl Ctx<'_> {
@@ -92,5 +94,17 @@ impl NodeState {
                     .iter()
                     .all(|&s| self.cpus[s as usize].available_idle())
         })
+    }
+}
+
+/// The CFS task count the load balancer reads of a runqueue: 6.12 counts
+/// the tasks whose dequeue is delayed (`cfs.h_nr_queued`), mainline only
+/// the runnable ones (`cfs.h_nr_runnable`).
+#[inline]
+pub(crate) fn lb_h_nr_running(kernel: Kernel, rq: &CpuState) -> u32 {
+    if kernel == Kernel::V6_12 {
+        rq.cfs_h_nr_queued
+    } else {
+        h_nr_runnable(rq)
     }
 }

@@ -30,7 +30,10 @@ pub const MAX_RQ_TASKS: usize = 65_536;
 
 /// Whether a scenario asks for a balance (`request.kind == "balance"`).
 pub fn is_balance(v: &Value) -> bool {
-    v.get("request").and_then(|r| r.get("kind")).and_then(Value::as_str) == Some("balance")
+    v.get("request")
+        .and_then(|r| r.get("kind"))
+        .and_then(Value::as_str)
+        == Some("balance")
 }
 
 /// Parses, runs and answers one balance scenario.

@@ -175,7 +175,12 @@ impl<'a> Obj<'a> {
     }
 
     /// An integer that may be JSON null (`Some(None)`).
-    pub(super) fn nullable_int(&self, k: &str, min: i64, max: i64) -> Result<Option<Option<i64>>, FieldError> {
+    pub(super) fn nullable_int(
+        &self,
+        k: &str,
+        min: i64,
+        max: i64,
+    ) -> Result<Option<Option<i64>>, FieldError> {
         match self.map.get(k) {
             None => Ok(None),
             Some(Value::Null) => Ok(Some(None)),
@@ -214,7 +219,12 @@ impl<'a> Obj<'a> {
         }
     }
 
-    pub(super) fn choice<T: Copy>(&self, k: &str, opts: &[(&str, T)], def: T) -> Result<T, FieldError> {
+    pub(super) fn choice<T: Copy>(
+        &self,
+        k: &str,
+        opts: &[(&str, T)],
+        def: T,
+    ) -> Result<T, FieldError> {
         match self.str(k)? {
             None => Ok(def),
             Some(s) => opts
@@ -418,7 +428,7 @@ pub(super) fn parse_node(top: &Obj<'_>) -> Result<Node, FieldError> {
     let topology = Topology::build(&spec, &online, system.node_reclaim_distance)?;
     if kernel == Kernel::V6_12 && top.map.contains_key("asym") {
         return Err(FieldError::new(
-    "asym",
+            "asym",
             "Linux 6.12 has no asymmetric-capacity shared object (kernel \"6.12\")",
         ));
     }
@@ -445,7 +455,7 @@ fn parse_kernel(v: Option<&Value>) -> Result<Kernel, FieldError> {
             )
         }),
         Some(_) => Err(FieldError::new(
-    "kernel",
+            "kernel",
             "must be \"mainline\" or \"6.12\"",
         )),
     }

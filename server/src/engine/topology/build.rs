@@ -184,6 +184,8 @@ impl<'a> Builder<'a> {
                 id: u32::MAX,
                 len: 0,
                 spans: Box::new([]),
+                flags: Box::new([]),
+                sgc_levels: Box::new([]),
             }),
         };
         b.tmpl = (0..b.levels.len())
@@ -388,7 +390,16 @@ impl<'a> Builder<'a> {
     }
 
     /// A new shared ring; `rotated` when CPUs enter it at different groups.
-    pub(super) fn new_ring(&mut self, groups: Vec<SpanId>, flags: Vec<u32>, rotated: bool) -> u32 {
+    /// `sgc_levels[i]`: the level index whose `sched_group_capacity` the
+    /// group shares (its own level, or for an overlapping group built from a
+    /// descended sibling, that sibling's level).
+    pub(super) fn new_ring(
+        &mut self,
+        groups: Vec<SpanId>,
+        flags: Vec<u32>,
+        sgc_levels: Vec<u8>,
+        rotated: bool,
+    ) -> u32 {
         let id = self.rings.len() as u32;
         let len = groups.len();
         let mut spans = groups;
@@ -399,6 +410,8 @@ impl<'a> Builder<'a> {
             id,
             len: len as u32,
             spans: spans.into_boxed_slice(),
+            flags: flags.clone().into_boxed_slice(),
+            sgc_levels: sgc_levels.into_boxed_slice(),
         }));
         self.ring_flags.push(flags);
         id
@@ -471,7 +484,8 @@ impl<'a> Builder<'a> {
                 None => break,
             }
         }
-        self.new_ring(groups, flags, true)
+        let sgc_levels = vec![li as u8; groups.len()];
+        self.new_ring(groups, flags, sgc_levels, true)
     }
 
     /// `build_overlap_sched_groups()` for the NUMA levels. Each CPU walks
@@ -583,6 +597,7 @@ impl<'a> Builder<'a> {
         let mut covered: NodeSet = [0; 4];
         let mut groups = Vec::new();
         let mut flags = Vec::new();
+        let mut sgc_levels = Vec::new();
         for &x in order {
             let x = x as usize;
             if !ns_test(&span, x) || ns_test(&covered, x) {
@@ -600,11 +615,14 @@ impl<'a> Builder<'a> {
             }
             groups.push(sibling[k].span);
             flags.push(sibling[k].flags);
+            // init_overlap_sched_group() runs on the (descended) sibling:
+            // the group shares the capacity object of that level.
+            sgc_levels.push((k + 1) as u8);
             for (w, s) in covered.iter_mut().zip(sets[x * nl + k - nlev]) {
                 *w |= s;
             }
         }
-        self.new_ring(groups, flags, false)
+        self.new_ring(groups, flags, sgc_levels, false)
     }
 
     /// The group flags after every CPU's build, before degeneration: set

@@ -176,6 +176,11 @@ struct Ring {
     id: u32,
     len: u32,
     spans: Box<[SpanId]>,
+    /// Each group's `sg->flags` as built (the flags of the domain it was
+    /// built from), in ring order from the first built.
+    flags: Box<[u32]>,
+    /// Each group's `sched_group_capacity` level (see `Builder::new_ring`).
+    sgc_levels: Box<[u8]>,
 }
 
 impl Groups {
@@ -189,6 +194,38 @@ impl Groups {
 
     fn ring_id(&self) -> u32 {
         self.ring.id
+    }
+
+    /// The level index whose `sched_group_capacity` (`sgc->imbalance`,
+    /// `sgc->capacity`) the `i`th group shares: the domain's own level, but
+    /// for an overlapping NUMA group built from a descended sibling
+    /// (`find_descended_sibling()`), the sibling's lower level, where that
+    /// same object serves the group of the same span.
+    pub fn sgc_level(&self, i: usize) -> Option<usize> {
+        let len = self.ring.len as usize;
+        if len == 0 {
+            return None;
+        }
+        self.ring
+            .sgc_levels
+            .get((self.start as usize + i) % len)
+            .map(|&l| l as usize)
+    }
+
+    /// `sg->flags` of the `i`th group from this domain's first, as the
+    /// build set it: the flags of the domain the group was built from
+    /// (for an overlapping NUMA group, the child of the possibly descended
+    /// sibling). 0 where the ring has none recorded.
+    pub fn build_flags(&self, i: usize) -> u32 {
+        let len = self.ring.len as usize;
+        if len == 0 {
+            return 0;
+        }
+        self.ring
+            .flags
+            .get((self.start as usize + i) % len)
+            .copied()
+            .unwrap_or(0)
     }
 }
 

@@ -174,8 +174,11 @@ pub(crate) fn define() -> Result<Enums, String> {
         ret += &format!(" {n}=+{off}($arg1):u64");
     }
     ret += &format!(" th=+{}($arg1):u8", hot_bit / 8);
-    add_event(TRACE, &entry)?;
-    add_event(TRACE, &ret)?;
+    // Defined once per boot: the verdicts and the passes both use them.
+    if !std::path::Path::new(&format!("{TRACE}/events/fpm/cm")).exists() {
+        add_event(TRACE, &entry)?;
+        add_event(TRACE, &ret)?;
+    }
     // The counters that name the refusing check count only with schedstats
     // on; NUMA balancing off makes migrate_degrades_locality() return -1.
     fs::write("/proc/sys/kernel/sched_schedstats", "1").map_err(|e| format!("schedstats: {e}"))?;

@@ -125,8 +125,15 @@ pub fn run(topo: &str, nr: usize, seeds: &[u64], quota: usize) {
             return;
         }
     };
-    // Every pass writes two events per CPU: room for a round of them.
-    let _ = fs::write(format!("{TRACE}/buffer_size_kb"), "8192");
+    // Every pass writes two events per CPU. A round keeps its first 32 MiB
+    // of events (new ones are dropped when a CPU's buffer fills: the start
+    // of a round, when the pile is spread, is the part worth keeping), and
+    // reading more under TCG costs more than it gives.
+    let _ = fs::write(format!("{TRACE}/options/overwrite"), "0");
+    let _ = fs::write(
+        format!("{TRACE}/buffer_size_kb"),
+        (32768 / nr.max(1)).max(512).to_string(),
+    );
     for ev in ["fpm", "fpb", "sched/sched_migrate_task"] {
         let _ = fs::write(format!("{TRACE}/events/{ev}/enable"), "1");
     }
@@ -156,8 +163,10 @@ pub fn run(topo: &str, nr: usize, seeds: &[u64], quota: usize) {
             // At most a fifth of the share from one round, in turn from
             // each kind of pass (most passes find nothing to do).
             let want = (share - got).min(share.div_ceil(5));
-            let by_kind: BTreeMap<&str, Vec<String>> =
-                by_kind.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            let by_kind: BTreeMap<&str, Vec<String>> = by_kind
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone()))
+                .collect();
             for body in take_spread(by_kind, want) {
                 id += 1;
                 println!(
@@ -206,7 +215,12 @@ fn passes(t: &str, nr: usize) -> Vec<Pass> {
         let (Some(cpu), Some(name)) = (trace_cpu(l), event_name(l)) else {
             continue;
         };
-        let index = |p: &str| name.strip_prefix(p)?.parse::<usize>().ok().filter(|&k| k < nr);
+        let index = |p: &str| {
+            name.strip_prefix(p)?
+                .parse::<usize>()
+                .ok()
+                .filter(|&k| k < nr)
+        };
         if let Some(k) = index("bqr") {
             if let Some(p) = open.get_mut(&cpu) {
                 p.end[k] = Some(event_fields(l));
@@ -218,7 +232,8 @@ fn passes(t: &str, nr: usize) -> Vec<Pass> {
             // The entry events of one call come together, in an order of
             // the kprobes layer's choosing: one already read starts a call.
             let p = open.entry(cpu).or_default();
-            if p.at.len() != nr || p.at[k].is_some() || p.open_call.is_some() || !p.calls.is_empty() {
+            if p.at.len() != nr || p.at[k].is_some() || p.open_call.is_some() || !p.calls.is_empty()
+            {
                 *p = Pass {
                     at: vec![None; nr],
                     end: vec![None; nr],
@@ -258,8 +273,15 @@ fn scenario(
     p: &Pass,
     cost: i64,
 ) -> Result<(String, String), String> {
-    let at: Vec<&Fields> = p.at.iter().map(|f| f.as_ref().ok_or("an entry event is missing")).collect::<Result<_, _>>()?;
-    let end: Vec<&Fields> = p.end.iter().map(|f| f.as_ref().ok_or("a return event is missing")).collect::<Result<_, _>>()?;
+    let at: Vec<&Fields> =
+        p.at.iter()
+            .map(|f| f.as_ref().ok_or("an entry event is missing"))
+            .collect::<Result<_, _>>()?;
+    let end: Vec<&Fields> = p
+        .end
+        .iter()
+        .map(|f| f.as_ref().ok_or("a return event is missing"))
+        .collect::<Result<_, _>>()?;
     let g = |m: &Fields, k: &str| m.get(k).copied().ok_or(format!("no field {k}"));
     let a0 = at[0];
     let cpu = g(a0, "cpu")? as usize;
@@ -302,13 +324,12 @@ fn scenario(
             busiest.push(src);
             // The search read the source unlocked; the walk reads it locked.
             let before = at.get(src as usize).ok_or("source CPU")?;
-            if lists.get(&src).is_none() && g(a, "sn")? != g(before, "nr")? {
+            if !lists.contains_key(&src) && g(a, "sn")? != g(before, "nr")? {
                 raced.push(format!("busiest CPU {src} changed before it was locked"));
             }
         }
         let pid = g(a, "pid")?;
-        let (clock, list) = lists.entry(src).or_insert((g(a, "now")?, Vec::new()));
-        let _ = clock;
+        let (_, list) = lists.entry(src).or_insert((g(a, "now")?, Vec::new()));
         if list.iter().any(|(id, _)| *id == pid) {
             continue;
         }
@@ -389,7 +410,11 @@ fn scenario(
         capacity_note.join(","),
         rq_tasks.join(","),
         g(a0, "nbf")?,
-        busiest.iter().map(i64::to_string).collect::<Vec<_>>().join(","),
+        busiest
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         detached.join(","),
     );
     Ok((kind, body))
@@ -442,7 +467,9 @@ fn changed_cpus(
         let lost = p.moved.iter().filter(|m| m.1 as usize == x).count() as i64;
         let (na, nb) = (a.get("nr").copied(), b.get("nr").copied());
         if na.zip(nb).is_none_or(|(na, nb)| na + gained - lost != nb) {
-            out.push(format!("rq {x} gained or lost a task the pass did not move"));
+            out.push(format!(
+                "rq {x} gained or lost a task the pass did not move"
+            ));
         }
     }
     out
@@ -470,7 +497,9 @@ fn groups(a0: &Fields, at: &[&Fields], nr: usize) -> Result<(Vec<String>, Vec<St
             .sum();
         let sgc = g(format!("gc{j}"))?;
         if sgc != sum {
-            notes.push(format!("{{\"group\":\"{list}\",\"sgc\":{sgc},\"sum\":{sum}}}"));
+            notes.push(format!(
+                "{{\"group\":\"{list}\",\"sgc\":{sgc},\"sum\":{sum}}}"
+            ));
         }
     }
     Ok((marked, notes))

@@ -2,6 +2,7 @@
 //! working copy, and active balancing when nothing could be detached.
 
 use super::*;
+use crate::engine::v6_12::lb_h_nr_running;
 
 impl Balancer {
     /// `can_migrate_task()` for the working copy, counting refusals.
@@ -183,7 +184,7 @@ impl Balancer {
         }
         let src = &self.work.cpus[env.src_cpu];
         if env.idle != IdleType::NotIdle
-            && h_nr_runnable(src) == 1
+            && lb_h_nr_running(pass.view.features.kernel, src) == 1
             && check_cpu_capacity(src, topo.capacity_orig(env.src_cpu), d.imbalance_pct)
             && (src.capacity as u64) * (d.imbalance_pct as u64)
                 < self.work.cpus[env.dst_cpu].capacity as u64 * 100

@@ -4,6 +4,7 @@
 //! group facts they read (`sg->flags`, `sg->cores`, `sgc->imbalance`).
 
 use super::*;
+use crate::engine::v6_12::lb_h_nr_running;
 
 impl Balancer {
     /// `sched_balance_find_src_group()`: statistics of every group
@@ -24,7 +25,7 @@ impl Balancer {
         let mut busiest_sgs = SgLbStats::NO_BUSIEST;
         for (i, &g) in d.groups.iter().enumerate() {
             let is_local = i == 0;
-            let sgs = self.update_sg_lb_stats(pass, env, d, g, is_local);
+            let sgs = self.update_sg_lb_stats(pass, env, d, i, g);
             sds.total_load += sgs.group_load;
             sds.total_capacity += sgs.group_capacity;
             if is_local {
@@ -52,9 +53,10 @@ impl Balancer {
         pass: &Pass<'_, '_>,
         env: &Env,
         d: &Domain,
+        i: usize,
         g: SpanId,
-        is_local: bool,
     ) -> SgLbStats {
+        let is_local = i == 0;
         let topo = pass.topo;
         let span = topo.span(g);
         let util_est = pass.view.features.util_est;
@@ -81,7 +83,7 @@ impl Balancer {
             s.group_load += rq.load_avg as u64;
             s.group_util += cpu_util(rq, topo.capacity_orig(i), util_est, false, None) as u64;
             s.group_runnable += rq.runnable_avg as u64;
-            let h_nr = h_nr_runnable(rq);
+            let h_nr = lb_h_nr_running(pass.view.features.kernel, rq);
             s.sum_h_nr_running = s.sum_h_nr_running.saturating_add(h_nr);
             s.sum_nr_running = s.sum_nr_running.saturating_add(rq.nr_running);
             if let Some(l) = pass.llc
@@ -110,13 +112,14 @@ impl Balancer {
         }
         s.cores = group_cores(topo, span);
         let flags = if d.has(sd::NUMA) && !is_local {
-            numa_remote_group_flags(topo, d)
+            numa_remote_group_flags(d, i)
         } else {
             group_flags(topo, g)
         };
         s.smt = flags & sd::SHARE_CPUCAPACITY != 0;
         s.prefer_sibling = flags & sd::PREFER_SIBLING != 0;
-        s.sgc_imbalance = self.lb.group_imbalance[sgc_index(topo, d.level, g)];
+        let sgc_level = d.groups.sgc_level(i).unwrap_or(d.level_idx as usize);
+        s.sgc_imbalance = self.lb.group_imbalance[sgc_index_at(topo, sgc_level, g)];
         let k = env.sd;
         if !is_local {
             s.group_smt_balance = env.idle != IdleType::NotIdle && s.smt && s.sum_h_nr_running > 1;
@@ -199,7 +202,7 @@ impl Balancer {
                 continue;
             }
             let rq = &self.work.cpus[i];
-            let nr = h_nr_runnable(rq);
+            let nr = lb_h_nr_running(pass.view.features.kernel, rq);
             if nr == 0 {
                 continue;
             }
@@ -270,20 +273,18 @@ pub(super) fn group_flags(topo: &Topology, g: SpanId) -> u32 {
 }
 
 /// `sg->flags` of a group at a NUMA level that is not the balancing CPU's
-/// own. NUMA groups are built per CPU (`build_overlap_sched_groups()`), each
-/// taking the flags of the child domain it was built from as it stood
-/// before degeneration: the NODE level's (which keeps SD_PREFER_SIBLING) or
-/// the NUMA level below's (SD_NUMA, no SD_PREFER_SIBLING). When that child
-/// degenerates away, `cpu_attach_domain()` rewrites only the CPU's local
-/// group, so a remote group never takes the surviving domain's flags (an
-/// SMT domain's SD_SHARE_CPUCAPACITY, say, where a NUMA node is one core).
-pub(super) fn numa_remote_group_flags(topo: &Topology, d: &Domain) -> u32 {
-    let at = topo.levels.iter().position(|&l| l == d.level).unwrap_or(0);
-    let child = match at.checked_sub(1).map(|i| topo.levels[i]) {
-        Some(Level::Numa(_)) => sd::NUMA,
-        Some(_) => sd::PREFER_SIBLING,
-        None => 0,
-    };
+/// own (the `i`th of the domain). NUMA groups are built per CPU
+/// (`build_overlap_sched_groups()`), each taking the flags of the child of
+/// the domain it was built from as it stood before degeneration
+/// (`find_descended_sibling()` may have gone down first): the NODE level's
+/// (which keeps SD_PREFER_SIBLING) or a NUMA level's (SD_NUMA, no
+/// SD_PREFER_SIBLING). The live kernel showed the descended case: in
+/// `numa4`, CPU 1's NUMA2 group {4,5} was built from CPU 4's NUMA1 domain,
+/// so it carries NODE's SD_PREFER_SIBLING. When that child degenerates
+/// away, `cpu_attach_domain()` rewrites only the CPU's local group, so a
+/// remote group never takes the surviving domain's flags.
+pub(super) fn numa_remote_group_flags(d: &Domain, i: usize) -> u32 {
+    let child = d.groups.build_flags(i);
     // sd_init(): no spreading across CPUs of different capacities.
     if d.has(sd::ASYM_CPUCAPACITY) {
         child & !sd::PREFER_SIBLING
@@ -314,5 +315,10 @@ pub(super) fn group_cores(topo: &Topology, span: &CpuMask) -> u32 {
 /// kept in [`LbState::group_imbalance`].
 pub(super) fn sgc_index(topo: &Topology, level: Level, g: SpanId) -> usize {
     let at = topo.levels.iter().position(|&l| l == level).unwrap_or(0);
-    at * topo.spans.len() + g as usize
+    sgc_index_at(topo, at, g)
+}
+
+/// [`sgc_index`] by level index.
+pub(super) fn sgc_index_at(topo: &Topology, level_idx: usize, g: SpanId) -> usize {
+    level_idx * topo.spans.len() + g as usize
 }

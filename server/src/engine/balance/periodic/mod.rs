@@ -18,7 +18,7 @@ use crate::engine::cache::{self, LlcView};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::ctx::{Ctx, View};
 use crate::engine::group::{self, GroupType, SgLbStats};
-use crate::engine::rq::{RqTask, TaskTable, h_nr_runnable, rq_add, rq_sub};
+use crate::engine::rq::{RqTask, TaskTable, rq_add, rq_sub};
 use crate::engine::state::{NodeState, cpu_util};
 
 use super::src_rq::{BusiestRq, check_cpu_capacity, detach_amount};
@@ -83,9 +83,20 @@ impl LbState {
         self.group_imbalance[sgc_index(topo, level, g)]
     }
 
-    /// Marks or clears the `sgc->imbalance` of group `g` at `level`.
+    /// Marks or clears the `sgc->imbalance` of group `g` as the domains at
+    /// `level` see it: the capacity object a group of that span shares
+    /// there (a lower level's, for a group built from a descended sibling).
     pub fn set_sgc_imbalance(&mut self, topo: &Topology, level: Level, g: SpanId, on: bool) {
-        self.group_imbalance[sgc_index(topo, level, g)] = on;
+        let at = topo.levels.iter().position(|&l| l == level).unwrap_or(0);
+        let sgc_level = (0..topo.nr_cpus)
+            .flat_map(|c| topo.domains(c).iter())
+            .filter(|d| d.level == level)
+            .find_map(|d| {
+                let i = d.groups.iter().position(|&x| x == g)?;
+                d.groups.sgc_level(i)
+            })
+            .unwrap_or(at);
+        self.group_imbalance[sgc_index_at(topo, sgc_level, g)] = on;
     }
 
     /// Whether this state was built for `topo`'s domain tree.
