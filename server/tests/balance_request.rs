@@ -160,9 +160,12 @@ fn a_newly_idle_call_that_moves_nothing_counts_no_failure() {
     );
 }
 
+/// One way to spoil a scenario.
+type Spoil = Box<dyn Fn(&mut Value)>;
+
 #[test]
 fn bad_balance_input_names_its_field() {
-    let cases: [(&str, Box<dyn Fn(&mut Value)>); 6] = [
+    let cases: [(&str, Spoil); 6] = [
         ("rq_tasks.9", Box::new(|s| s["rq_tasks"]["9"] = json!({}))),
         (
             "rq_tasks.2.tasks[1].id",

@@ -17,8 +17,9 @@ detached.
 A pass is set aside only for a counted reason the guest recorded as
 evidence of a race (`generator.raced`): a CPU of the domain the pass did not
 touch changed during it, the balancing CPU or a source gained or lost a
-task the pass did not move, or the busiest runqueue's task count changed
-before it was locked.
+task the pass did not move, the busiest runqueue's task count changed
+before it was locked, or a task migrated during the call other than by the
+walk (an interrupt's wakeup on the balancing CPU).
 
 Prints per topology the passes, set-aside reasons, agreement by kind of
 pass, every disagreement, and last

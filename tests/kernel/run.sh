@@ -26,6 +26,7 @@
 #                         sets it), compared by compare_migrate.py
 #   FP_KERNEL_MIN_MIGRATE fail when fewer verdicts were compared (default 0)
 #   FP_KERNEL_PASSES      whole load-balance passes per topology recorded last
+#                         (FP_KERNEL_PASSES_<topology> sets one; big32 a quarter)
 #                         (default 0; migrate.sh sets it), compared by
 #                         compare_balance.py
 #   FP_KERNEL_MIN_PASSES  fail when fewer passes that detached a task were
@@ -148,18 +149,25 @@ placements_for() {
     [ "$1" = big32 ] && def=$((PLACEMENTS / 4))
     echo "${!v:-$def}"
 }
+# Passes per topology likewise: FP_KERNEL_PASSES_<name>, a quarter on big32
+# (each of its passes writes 64 events, read back under TCG).
+passes_for() {
+    local v="FP_KERNEL_PASSES_${1//-/_}" def="$PASSES"
+    [ "$1" = big32 ] && def=$((PASSES / 4))
+    echo "${!v:-$def}"
+}
 # Placement records land in $WORK/<topology>.log; a run without placements
 # (migrate.sh) keeps its logs apart, so the two never overwrite each other.
 LOGDIR="$WORK"
 [ "$PLACEMENTS" = 0 ] && LOGDIR="$WORK/migrate" && mkdir -p "$LOGDIR"
-boot_guest() { # topology log placements
+boot_guest() { # topology log placements passes
     # One host thread for all vCPUs: multi-threaded TCG now and then
     # crashes the guest while it patches its own text, and sets aside more
     # records (a vCPU stalls inside a decision) for little speed.
     # shellcheck disable=SC2046
-    timeout "$((600 + 12 * $3 + MIGRATIONS + 2 * PASSES))" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
+    timeout "$((600 + 12 * $3 + MIGRATIONS + 3 * $4))" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
         -kernel "$WORK/kernel/vmlinuz" -initrd "$WORK/initrd.gz" \
-        -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$3 fp.seed=${SEEDS// /,} fp.profiles=${PROFILES// /,} fp.hz=$HZ_CONFIG fp.migrations=$MIGRATIONS fp.passes=$PASSES" \
+        -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$3 fp.seed=${SEEDS// /,} fp.profiles=${PROFILES// /,} fp.hz=$HZ_CONFIG fp.migrations=$MIGRATIONS fp.passes=$4" \
         -display none -monitor none -serial "file:$2" -no-reboot 2>"$WORK/$1.qemu.err" || true
 }
 run_topology() { # topology: boots it (again after an early crash), prints its line
@@ -173,7 +181,7 @@ run_topology() { # topology: boots it (again after an early crash), prints its l
     for attempt in 1 2 3; do
         rm -f "$out"
         start=$(date +%s.%N)
-        boot_guest "$t" "$out" "$n"
+        boot_guest "$t" "$out" "$n" "$(passes_for "$t")"
         end=$(date +%s.%N)
         grep -q '^SCN\|^MIG \|^LB ' "$out" && break
         grep -q 'Oops\|Kernel panic' "$out" || break

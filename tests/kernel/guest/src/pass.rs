@@ -18,7 +18,9 @@
 //! evidence of a race when a CPU of the domain that the pass itself did
 //! not touch ended it with other values than it started with, when the
 //! balancing CPU or a source gained or lost a task the pass did not move,
-//! or when the busiest runqueue's task count changed before it was locked.
+//! when the busiest runqueue's task count changed before it was locked, or
+//! when a task migrated during the call other than by its walk (an
+//! interrupt's wakeup on the balancing CPU).
 //! Such a pass is still printed, with the reasons under
 //! `generator.raced`; the comparison sets it aside.
 //!
@@ -345,14 +347,18 @@ fn scenario(
             ),
         ));
     }
-    let detached: Vec<String> = p
-        .moved
+    // The walk's detaches move tasks off the sources it walked; any other
+    // migration written on this CPU during the call is an interrupt's
+    // wakeup placing a task elsewhere: concurrent work, as is a count of
+    // detaches the call's return value does not confirm.
+    let (walked, other): (Vec<_>, Vec<_>) = p.moved.iter().partition(|m| busiest.contains(&m.1));
+    let detached: Vec<String> = walked
         .iter()
         .map(|(pid, from, to)| format!("{{\"id\":{pid},\"src_cpu\":{from},\"dst_cpu\":{to}}}"))
         .collect();
     let ret = g(end[0], "ret")?;
-    if ret != p.moved.len() as i64 {
-        return Err(format!("returned {ret} but {} tasks moved", p.moved.len()));
+    if !other.is_empty() || ret != walked.len() as i64 {
+        raced.push("a task migrated during the pass outside its walk".into());
     }
     raced.extend(changed_cpus(nr, cpu, sp, &at, &end, p, &busiest));
 
@@ -398,7 +404,7 @@ fn scenario(
         ),
         None => ("null".into(), "null".into()),
     };
-    let kind = match (p.moved.is_empty(), calls.is_empty()) {
+    let kind = match (walked.is_empty(), calls.is_empty()) {
         (false, _) => format!("detached/{}/{idle}", mt.trim_matches('"')),
         (true, false) => format!("refused/{idle}"),
         (true, true) => format!("balanced/{idle}"),

@@ -489,19 +489,7 @@ impl Balancer {
             };
             let found = self.sched_balance_find_src_rq(pass, &env, group);
             let nr = found.map_or(0, |b| self.work.cpus[b].nr_running);
-            if let Some(o) = pass.outcome.as_deref_mut() {
-                if o.first_group.is_none() {
-                    o.first_group = Some(group);
-                    o.first_rq = found;
-                    o.migration_type = Some(env.migration_type);
-                    o.imbalance = env.imbalance;
-                }
-                if let Some(b) = found
-                    && nr > 1
-                {
-                    o.busiest.push(b);
-                }
-            }
+            record_found(pass, &env, group, found, nr);
             let Some(busiest) = found else {
                 break 'redo Exit::Balanced;
             };
@@ -664,6 +652,26 @@ impl Balancer {
             dst_core_idle: !pass.topo.smt_active || self.is_core_idle(pass.topo, dst),
             dst_capacity: self.work.cpus[dst].capacity as u64,
         }
+    }
+}
+
+/// A one-call replay's record of what a search found (the first busiest
+/// group and runqueue, the type and imbalance the first search set) and of
+/// each runqueue the walk is about to take tasks from.
+fn record_found(pass: &mut Pass<'_, '_>, env: &Env, group: SpanId, found: Option<usize>, nr: u32) {
+    let Some(o) = pass.outcome.as_deref_mut() else {
+        return;
+    };
+    if o.first_group.is_none() {
+        o.first_group = Some(group);
+        o.first_rq = found;
+        o.migration_type = Some(env.migration_type);
+        o.imbalance = env.imbalance;
+    }
+    if let Some(b) = found
+        && nr > 1
+    {
+        o.busiest.push(b);
     }
 }
 
