@@ -5,7 +5,7 @@
 //! periodic one): every CPU going idle may pull for itself, a preemptible
 //! kernel pulls one task, and bad input names its field.
 
-use fairplace::offline::scenario::decide_value;
+use fairplace::offline::request::decide_value;
 use serde_json::{Value, json};
 
 /// Two SMT2 cores in one LLC: CPU 1's MC domain has the groups {0,1} and

@@ -417,7 +417,7 @@ fn passes_the_live_kernel_ran_replay_to_the_kernels_outcome() {
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let s: Value = serde_json::from_str(line).expect("a scenario per line");
         let want = &s["expected"];
-        let got = fairplace::offline::scenario::decide_value(&s).expect("decides");
+        let got = fairplace::offline::request::decide_value(&s).expect("decides");
         let name = s["name"].as_str().unwrap_or("?");
         let why = s["generator"]["why"].as_str().unwrap_or("");
         assert_eq!(got["busiest"], want["busiest"], "{name} ({why}): {got}");

@@ -21,7 +21,7 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, SeqAccess, Visitor};
 use serde_json::{Value, json};
 
 use crate::engine::topology::FieldError;
-use crate::offline::scenario::decide_value;
+use crate::offline::request::decide_value;
 
 /// Default for [`Limits::max_line_bytes`]: 16 MiB.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 16 << 20;

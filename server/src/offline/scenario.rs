@@ -116,11 +116,9 @@ fn flag_names(flags: u32) -> Vec<&'static str> {
         .collect()
 }
 
-/// Parses and decides one scenario, returning the output line's object.
+/// Parses and decides one placement or migration scenario, returning the
+/// output line's object (`offline::request` also takes balance requests).
 pub fn decide_value(v: &Value) -> Result<Value, FieldError> {
-    if super::balance::is_balance(v) {
-        return super::balance::decide_balance(v);
-    }
     let s = parse(v)?;
     let a = s.decide();
     Ok(s.answer_json(&a))

@@ -16,7 +16,7 @@ use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::decision::{PlaceRequest, Placement as Decision};
 use crate::engine::{can_migrate_task, select_task_rq};
 use crate::metrics as m;
-use crate::offline::scenario::decide_value;
+use crate::offline::request::decide_value;
 use crate::store::cluster::ClusterRequest;
 use crate::store::{BalanceRequest, Node, Store};
 
