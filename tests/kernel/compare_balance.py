@@ -37,27 +37,11 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import run_decide  # noqa: E402  (one way to run decide and check its answers)
+from compare_migrate import parse_records  # noqa: E402  (one reader of the guests' record lines)
 
 
 def parse_log(path):
-    log = {"lb": [], "unparsable": [], "drops": defaultdict(int), "done": None, "fail": [], "uname": "?"}
-    with open(path, errors="replace") as f:
-        for line in f:
-            line = line.rstrip("\r\n")
-            if line.startswith("LB "):
-                try:
-                    log["lb"].append(json.loads(line[3:]))
-                except json.JSONDecodeError:
-                    log["unparsable"].append(line[:120])
-            elif line.startswith("DROP balance "):
-                log["drops"][line[13:].strip()] += 1
-            elif line.startswith("LBDONE "):
-                log["done"] = int(line[7:].strip() or -1)
-            elif line.startswith("FAIL "):
-                log["fail"].append(line[5:])
-            elif line.startswith("UNAME "):
-                log["uname"] = line[6:].strip()
-    return log
+    return parse_records(path, "LB ", "DROP balance ", "LBDONE ")
 
 
 def detached_set(lst):
@@ -98,14 +82,14 @@ def compare(decide, path, totals):
         problems.append(f"{len(log['unparsable'])} LB lines do not parse: {log['unparsable'][0]}")
     if log["done"] is None:
         problems.append("the guest did not finish the passes (no LBDONE line)")
-    elif log["done"] != len(log["lb"]):
-        problems.append(f"the guest made {log['done']} pass records, {len(log['lb'])} arrived")
+    elif log["done"] != len(log["records"]):
+        problems.append(f"the guest made {log['done']} pass records, {len(log['records'])} arrived")
     drops = sum(log["drops"].values())
     if drops:
         problems.append(f"the guest could not record {drops} passes: " + "; ".join(f"{k} ({c})" for k, c in sorted(log["drops"].items())))
     aside = defaultdict(int)
     kept = []
-    for s in log["lb"]:
+    for s in log["records"]:
         raced = s["generator"].get("raced", [])
         if raced:
             for r in {race_kind(x) for x in raced}:
@@ -147,13 +131,13 @@ def compare(decide, path, totals):
                     )
     totals["imbalance"][0] += imb_ok
     totals["imbalance"][1] += n
-    set_aside = len(log["lb"]) - len(kept)
-    print(f"{name}: {ok}/{n} passes agree; {len(log['lb'])} recorded, {set_aside} set aside"
+    set_aside = len(log["records"]) - len(kept)
+    print(f"{name}: {ok}/{n} passes agree; {len(log['records'])} recorded, {set_aside} set aside"
           + "".join(f"; {k} {c}" for k, c in sorted(aside.items())))
     print("  by kind: " + ", ".join(f"{k} {a}/{b}" for k, (a, b) in sorted(by_kind.items())))
     for p in problems:
         print(f"  FAILED: {p}")
-    return ok, n, len(log["lb"]), set_aside, bool(problems)
+    return ok, n, len(log["records"]), set_aside, bool(problems)
 
 
 def main():

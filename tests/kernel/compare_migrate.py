@@ -30,25 +30,32 @@ from compare import run_decide  # noqa: E402  (one way to run decide and check i
 FIELDS = ("allowed", "new_dst_cpu", "flags", "reason")
 
 
-def parse_log(path):
-    log = {"mig": [], "unparsable": [], "drops": defaultdict(int), "done": None, "fail": [], "uname": "?"}
+def parse_records(path, tag, drop_tag, done_tag):
+    """A guest log's scenario lines after `tag` (JSON), its drops after
+    `drop_tag` (counted by reason), the count after `done_tag`, its FAIL
+    lines and the kernel's release."""
+    log = {"records": [], "unparsable": [], "drops": defaultdict(int), "done": None, "fail": [], "uname": "?"}
     with open(path, errors="replace") as f:
         for line in f:
             line = line.rstrip("\r\n")
-            if line.startswith("MIG "):
+            if line.startswith(tag):
                 try:
-                    log["mig"].append(json.loads(line[4:]))
+                    log["records"].append(json.loads(line[len(tag):]))
                 except json.JSONDecodeError:
                     log["unparsable"].append(line[:120])
-            elif line.startswith("DROP can_migrate "):
-                log["drops"][line[17:].strip()] += 1
-            elif line.startswith("MIGDONE "):
-                log["done"] = int(line[8:].strip() or -1)
+            elif line.startswith(drop_tag):
+                log["drops"][line[len(drop_tag):].strip()] += 1
+            elif line.startswith(done_tag):
+                log["done"] = int(line[len(done_tag):].strip() or -1)
             elif line.startswith("FAIL "):
                 log["fail"].append(line[5:])
             elif line.startswith("UNAME "):
                 log["uname"] = line[6:].strip()
     return log
+
+
+def parse_log(path):
+    return parse_records(path, "MIG ", "DROP can_migrate ", "MIGDONE ")
 
 
 def differing(want, got):
@@ -65,20 +72,20 @@ def compare(decide, path, totals):
         problems.append(f"{len(log['unparsable'])} MIG lines do not parse: {log['unparsable'][0]}")
     if log["done"] is None:
         problems.append("the guest did not finish the verdicts (no MIGDONE line)")
-    elif log["done"] != len(log["mig"]):
-        problems.append(f"the guest made {log['done']} verdict records, {len(log['mig'])} arrived")
+    elif log["done"] != len(log["records"]):
+        problems.append(f"the guest made {log['done']} verdict records, {len(log['records'])} arrived")
     ok = n = 0
     by_reason, by_workload = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0])
-    if log["mig"]:
+    if log["records"]:
         jsonl = os.path.join(os.path.dirname(path), f"{name}.mig.jsonl")
         with open(jsonl, "w") as f:
-            for s in log["mig"]:
+            for s in log["records"]:
                 f.write(json.dumps(s) + "\n")
-        answers, why = run_decide(decide, jsonl, len(log["mig"]))
+        answers, why = run_decide(decide, jsonl, len(log["records"]))
         if answers is None:
             problems.append(why)
         else:
-            for i, (s, d) in enumerate(zip(log["mig"], answers), 1):
+            for i, (s, d) in enumerate(zip(log["records"], answers), 1):
                 want = s["expected"]
                 diff = differing(want, d)
                 agree = not diff

@@ -21,7 +21,7 @@ use crate::engine::state::{MAX_CLOCK, MAX_SIGNAL, Policy};
 use crate::engine::topology::{FieldError, Topology};
 use crate::quote::quote;
 
-use super::scenario::{NODE_KEYS, Node, Obj, parse_node};
+use super::scenario::{NODE_KEYS, Node, Obj, POLICIES, parse_node};
 
 /// At most this many tasks in all lists together: a request's work and
 /// memory stay bounded (a kernel runqueue this long is not balanced in one
@@ -211,15 +211,7 @@ fn parse_rq_task(v: &Value, path: &str, n: usize) -> Result<(RqTask, CpuMask), F
     }
     let signal = |k: &str| o.int_or(k, 0, MAX_SIGNAL, 0);
     let mut t = RqTask::new(id as u64, id as u64, 0);
-    t.policy = o.choice(
-        "policy",
-        &[
-            ("normal", Policy::Normal),
-            ("batch", Policy::Batch),
-            ("idle", Policy::Idle),
-        ],
-        Policy::Normal,
-    )?;
+    t.policy = o.choice("policy", &POLICIES, Policy::Normal)?;
     t.load_avg = signal("load_avg")?;
     t.util_avg = signal("util_avg")?;
     t.util_est = signal("util_est")?;

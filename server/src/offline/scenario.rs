@@ -805,6 +805,13 @@ fn parse_sgc_imbalance(
     Ok(out)
 }
 
+/// A task's `policy` names (section 7).
+pub(super) const POLICIES: [(&str, Policy); 3] = [
+    ("normal", Policy::Normal),
+    ("batch", Policy::Batch),
+    ("idle", Policy::Idle),
+];
+
 fn parse_task(
     v: Option<&Value>,
     n: usize,
@@ -854,15 +861,7 @@ fn parse_task(
         },
     };
     let mut t = Task::new(n, task_cpu);
-    t.policy = o.choice(
-        "policy",
-        &[
-            ("normal", Policy::Normal),
-            ("batch", Policy::Batch),
-            ("idle", Policy::Idle),
-        ],
-        Policy::Normal,
-    )?;
+    t.policy = o.choice("policy", &POLICIES, Policy::Normal)?;
     t.cpus_allowed = o.cpulist("cpus_allowed", n)?.unwrap_or(CpuMask::first_n(n));
     // Parsed at the types' widths; the value rules are the resolver's
     // (Task::check), the same the RPC path applies.

@@ -413,28 +413,11 @@ fn scenario(
 ) -> Result<(&'static str, String), String> {
     let g = |m: &Fields, k: &str| m.get(k).copied().ok_or(format!("no field {k}"));
     let (src, dst) = (g(a, "src")?, g(a, "dst")?);
-    let level = crate::DOMS
-        .lock()
-        .unwrap()
-        .get(dst as usize)
-        .and_then(|doms| {
-            doms.iter()
-                .find(|(_, span)| {
-                    let sp = g(a, "sp").unwrap_or(0) as u64 & (u64::MAX >> (64 - nr.min(64)));
-                    span.iter().fold(0u64, |m, &c| m | 1 << c) == sp
-                })
-                .map(|(name, _)| name.clone())
-        })
-        .ok_or("the domain's span is none of dst_cpu's domains")?;
-    let name = |table: &[(i64, &'static str)], v: i64| {
-        table
-            .iter()
-            .find(|(x, _)| *x == v)
-            .map(|(_, n)| *n)
-            .ok_or(format!("enum value {v}"))
-    };
-    let idle = name(&en.idle, g(a, "idle")?)?;
-    let mt = name(&en.migration, g(a, "mt")?)?;
+    let sp = g(a, "sp")?;
+    let level =
+        level_of(dst as usize, sp, nr).ok_or("the domain's span is none of dst_cpu's domains")?;
+    let idle = enum_name(&en.idle, g(a, "idle")?)?;
+    let mt = enum_name(&en.migration, g(a, "mt")?)?;
     let (task, per_cpu) = task_fields(en, a, nr)?;
     let (fl_in, fl_out) = (g(a, "fl")? as u32, g(b, "fl")? as u32);
     let allowed = g(b, "ret")? != 0;
@@ -507,4 +490,24 @@ pub(crate) fn task_fields(en: &Enums, a: &Fields, nr: usize) -> Result<(String, 
         ),
         per_cpu,
     ))
+}
+
+/// The guest's name of `cpu`'s domain whose span's first word (of `nr`
+/// CPUs) is `span`.
+pub(crate) fn level_of(cpu: usize, span: i64, nr: usize) -> Option<String> {
+    let sp = span as u64 & (u64::MAX >> (64 - nr.min(64)));
+    crate::DOMS.lock().unwrap().get(cpu).and_then(|doms| {
+        doms.iter()
+            .find(|(_, s)| s.iter().fold(0u64, |m, &c| m | 1 << c) == sp)
+            .map(|(name, _)| name.clone())
+    })
+}
+
+/// The name of a kernel enum's value, from a (value, name) table.
+pub(crate) fn enum_name(table: &[(i64, &'static str)], v: i64) -> Result<&'static str, String> {
+    table
+        .iter()
+        .find(|(x, _)| *x == v)
+        .map(|(_, n)| *n)
+        .ok_or(format!("enum value {v}"))
 }

@@ -31,8 +31,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::fs;
 
-use crate::migrate::{self, Enums, Fields, WORKLOADS, mask_list, take_spread, task_fields};
-use crate::probe::{Btf, add_event, event_fields, kallsym, trace_cpu};
+use crate::migrate::{
+    self, Enums, Fields, WORKLOADS, enum_name, level_of, mask_list, take_spread, task_fields,
+};
+use crate::probe::{Btf, add_event, event_fields, kallsym, rq_fields, trace_cpu};
 use crate::{Lcg, TRACE};
 
 /// Groups read per domain (the largest domain here has eight).
@@ -53,20 +55,8 @@ fn define(nr: usize) -> Result<(), String> {
     }
     let rq = kallsym(&syms, "runqueues").ok_or("no runqueues symbol")?;
     let o = |s: &str, m: &str| btf.off(s, m).ok_or(format!("no {s}.{m} in BTF"));
-    let cfs = o("rq", "cfs")?;
-    let avg = cfs + o("cfs_rq", "avg")?;
-    let fields = [
-        ("nr", o("rq", "nr_running")?, "u32"),
-        ("tp", o("rq", "ttwu_pending")?, "u32"),
-        ("q", cfs + o("cfs_rq", "h_nr_queued")?, "u32"),
-        ("i", cfs + o("cfs_rq", "idle_h_nr_running")?, "u32"),
-        ("d", cfs + o("cfs_rq", "h_nr_delayed")?, "u32"),
-        ("l", avg + o("sched_avg", "load_avg")?, "u64"),
-        ("r", avg + o("sched_avg", "runnable_avg")?, "u64"),
-        ("u", avg + o("sched_avg", "util_avg")?, "u64"),
-        ("e", avg + o("sched_avg", "util_est")?, "u32"),
-        ("cap", o("rq", "cpu_capacity")?, "u64"),
-    ];
+    let mut fields = rq_fields(&btf)?;
+    fields.push(("cap", o("rq", "cpu_capacity")?, "u64"));
     let (curr, pid) = (o("rq", "curr")?, o("task_struct", "pid")?);
     let (span, nbf, groups) = (
         o("sched_domain", "span")?,
@@ -291,24 +281,9 @@ fn scenario(
         return Err(format!("balancing CPU {cpu}"));
     }
     let sp = g(a0, "sp")? as u64 & (u64::MAX >> (64 - nr.min(64)));
-    let level = crate::DOMS
-        .lock()
-        .unwrap()
-        .get(cpu)
-        .and_then(|doms| {
-            doms.iter()
-                .find(|(_, span)| span.iter().fold(0u64, |m, &c| m | 1 << c) == sp)
-                .map(|(name, _)| name.clone())
-        })
-        .ok_or("the domain's span is none of the CPU's domains")?;
-    let name = |table: &[(i64, &'static str)], v: i64| {
-        table
-            .iter()
-            .find(|(x, _)| *x == v)
-            .map(|(_, n)| *n)
-            .ok_or(format!("enum value {v}"))
-    };
-    let idle = name(&en.idle, g(a0, "idle")?)?;
+    let level =
+        level_of(cpu, sp as i64, nr).ok_or("the domain's span is none of the CPU's domains")?;
+    let idle = enum_name(&en.idle, g(a0, "idle")?)?;
 
     // The walk: the calls of this pass (not the stopper's), the sources in
     // order, each source's tasks in the order first read.
@@ -399,7 +374,7 @@ fn scenario(
     let first = calls.first().map(|(a, _)| a);
     let (mt, imb) = match first {
         Some(a) => (
-            format!("\"{}\"", name(&en.migration, g(a, "mt")?)?),
+            format!("\"{}\"", enum_name(&en.migration, g(a, "mt")?)?),
             g(a, "im")?.to_string(),
         ),
         None => ("null".into(), "null".into()),
@@ -410,10 +385,27 @@ fn scenario(
         (true, true) => format!("balanced/{idle}"),
     };
     let raced_json: Vec<String> = raced.iter().map(|r| format!("\"{r}\"")).collect();
+    // The walk as the kernel made it, for reading a disagreement: each
+    // call's task, source, destination, verdict and imbalance left.
+    let walk: Vec<String> = calls
+        .iter()
+        .map(|(a, b)| {
+            let v = |m: &Fields, k: &str| m.get(k).copied().unwrap_or(-1);
+            format!(
+                "[{},{},{},{},{}]",
+                v(a, "pid"),
+                v(a, "src"),
+                v(a, "dst"),
+                v(b, "ret"),
+                v(a, "im")
+            )
+        })
+        .collect();
     let body = format!(
-        "\"raced\":[{}],\"sgc_capacity\":[{}]}},\"topology\":{topo},\"system\":{{\"migration_cost_ns\":{cost}}},\"cpus\":[{cpus}]{sgc},\"rq_tasks\":{{{}}},\"request\":{{\"kind\":\"balance\",\"cpu\":{cpu},\"sd_level\":\"{level}\",\"idle\":\"{idle}\",\"nr_balance_failed\":{}}},\"expected\":{{\"busiest\":[{}],\"migration_type\":{mt},\"imbalance\":{imb},\"detached\":[{}]}}",
+        "\"raced\":[{}],\"sgc_capacity\":[{}],\"walk\":[{}]}},\"topology\":{topo},\"system\":{{\"migration_cost_ns\":{cost}}},\"cpus\":[{cpus}]{sgc},\"rq_tasks\":{{{}}},\"request\":{{\"kind\":\"balance\",\"cpu\":{cpu},\"sd_level\":\"{level}\",\"idle\":\"{idle}\",\"nr_balance_failed\":{}}},\"expected\":{{\"busiest\":[{}],\"migration_type\":{mt},\"imbalance\":{imb},\"detached\":[{}]}}",
         raced_json.join(","),
         capacity_note.join(","),
+        walk.join(","),
         rq_tasks.join(","),
         g(a0, "nbf")?,
         busiest

@@ -156,6 +156,26 @@ pub(crate) fn kallsym(text: &str, name: &str) -> Option<u64> {
     })
 }
 
+/// The runqueue fields every probe of a CPU's state reads, as (name,
+/// offset in `struct rq`, fetch type): the task counts, a pending remote
+/// wakeup, and the root cfs_rq's counts and PELT averages.
+pub(crate) fn rq_fields(btf: &Btf) -> Result<Vec<(&'static str, usize, &'static str)>, String> {
+    let o = |s: &str, m: &str| btf.off(s, m).ok_or(format!("no {s}.{m} in BTF"));
+    let cfs = o("rq", "cfs")?;
+    let avg = cfs + o("cfs_rq", "avg")?;
+    Ok(vec![
+        ("nr", o("rq", "nr_running")?, "u32"),
+        ("tp", o("rq", "ttwu_pending")?, "u32"),
+        ("q", cfs + o("cfs_rq", "h_nr_queued")?, "u32"),
+        ("i", cfs + o("cfs_rq", "idle_h_nr_running")?, "u32"),
+        ("d", cfs + o("cfs_rq", "h_nr_delayed")?, "u32"),
+        ("l", avg + o("sched_avg", "load_avg")?, "u64"),
+        ("r", avg + o("sched_avg", "runnable_avg")?, "u64"),
+        ("u", avg + o("sched_avg", "util_avg")?, "u64"),
+        ("e", avg + o("sched_avg", "util_est")?, "u32"),
+    ])
+}
+
 /// Defines the probes: one event `fp/cN` per CPU N, on `select_task_rq_fair`
 /// entry, with the placed task's pid. `levels[c]` is the number of sched
 /// domains CPU c has. Returns a note when the probes cannot be defined.
@@ -171,24 +191,14 @@ pub fn define(trace: &str, nr: usize, levels: &[usize]) -> Result<(), String> {
     }
     let o = |s: &str, m: &str| btf.off(s, m).ok_or(format!("no {s}.{m} in BTF"));
     let cfs = o("rq", "cfs")?;
-    let avg = cfs + o("cfs_rq", "avg")?;
-    // (name, offset in struct rq, fetch type)
-    let fields = [
-        ("nr", o("rq", "nr_running")?, "u32"),
-        ("tp", o("rq", "ttwu_pending")?, "u32"),
+    let mut fields = rq_fields(&btf)?;
+    fields.extend([
         ("st", o("rq", "idle_stamp")?, "u64"),
-        ("q", cfs + o("cfs_rq", "h_nr_queued")?, "u32"),
-        ("i", cfs + o("cfs_rq", "idle_h_nr_running")?, "u32"),
-        ("d", cfs + o("cfs_rq", "h_nr_delayed")?, "u32"),
-        ("l", avg + o("sched_avg", "load_avg")?, "u64"),
-        ("r", avg + o("sched_avg", "runnable_avg")?, "u64"),
-        ("u", avg + o("sched_avg", "util_avg")?, "u64"),
-        ("e", avg + o("sched_avg", "util_est")?, "u32"),
         // task_h_load()'s factor: cfs_rq->h_load, recomputed when
         // last_h_load_update is not the current jiffy.
         ("hl", cfs + o("cfs_rq", "h_load")?, "u64"),
         ("hu", cfs + o("cfs_rq", "last_h_load_update")?, "u64"),
-    ];
+    ]);
     let curr = o("rq", "curr")?;
     let sd = o("rq", "sd")?;
     let pid = o("task_struct", "pid")?;
