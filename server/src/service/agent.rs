@@ -7,18 +7,15 @@
 //! time (the node is forgotten: DEADLINE_EXCEEDED), a newer registration
 //! (ABORTED), or server shutdown (UNAVAILABLE, so agents reconnect elsewhere).
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fairplace_proto::v1 as pb;
 use fairplace_proto::v1::agent_message::Body;
-use fairplace_proto::v1::agent_service_server::AgentService;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::{Stream, StreamExt};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 
+use super::agent_wire::Inbound;
 use super::convert;
 use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
@@ -57,8 +54,6 @@ pub const DEFAULT_MAX_PENDING_REGISTRATIONS: usize = 4096;
 /// Leases an agent may report holding at registration (a node's CPUs, and
 /// then some: every lease holds at least one CPU).
 pub const MAX_HELD_LEASES: usize = crate::engine::cpumask::MAX_CPUS;
-
-type AckStream = Pin<Box<dyn Stream<Item = Result<pb::Ack, Status>> + Send>>;
 
 fn rejected(reason: &'static str) {
     metrics::counter!(m::REPORTS_REJECTED, "reason" => reason).increment(1);
@@ -158,7 +153,7 @@ impl ReportStream {
 
     async fn run(
         mut self,
-        mut inbound: Streaming<pb::AgentMessage>,
+        mut inbound: Inbound,
         register_timeout: Duration,
         pending: tokio::sync::OwnedSemaphorePermit,
     ) {
@@ -210,7 +205,7 @@ impl ReportStream {
     /// the stream with a status that says why.
     async fn accept_register(
         &mut self,
-        inbound: &mut Streaming<pb::AgentMessage>,
+        inbound: &mut Inbound,
         timeout: Duration,
     ) -> Option<(Arc<crate::store::Node>, u64, Vec<pb::LeaseGrant>)> {
         let first = tokio::select! {
@@ -317,7 +312,7 @@ impl ReportStream {
     /// server stops.
     async fn serve_updates(
         &mut self,
-        inbound: &mut Streaming<pb::AgentMessage>,
+        inbound: &mut Inbound,
         node: &Arc<crate::store::Node>,
         generation: u64,
         moved: &mut Option<watch::Receiver<Option<Redirect>>>,
@@ -528,14 +523,14 @@ fn rejection_ack(
     }
 }
 
-#[tonic::async_trait]
-impl AgentService for Agent {
-    type ReportStream = AckStream;
-
-    async fn report(
+impl Agent {
+    /// Opens a Report stream for `caller`: its task reads `inbound` and its
+    /// acks come out of the returned channel (`agent_wire`'s response body).
+    pub(super) fn report(
         &self,
-        req: Request<Streaming<pb::AgentMessage>>,
-    ) -> Result<Response<AckStream>, Status> {
+        caller: Caller,
+        inbound: Inbound,
+    ) -> Result<mpsc::Receiver<AckItem>, Status> {
         let Ok(pending) = Arc::clone(&self.pending).try_acquire_owned() else {
             rejected("pending_registrations");
             return Err(Status::resource_exhausted(
@@ -543,8 +538,6 @@ impl AgentService for Agent {
                  (--max-pending-registrations) is reached; retry later",
             ));
         };
-        let caller = Caller::of(req.extensions());
-        let inbound = req.into_inner();
         // The agent waits for each Ack, so four slots are plenty; the items
         // are boxed (`AckItem`) so an idle stream's slot block stays small.
         let (tx, rx) = mpsc::channel::<AckItem>(4);
@@ -558,8 +551,6 @@ impl AgentService for Agent {
             replicated: self.replicated.clone(),
         };
         tokio::spawn(stream.run(inbound, self.register_timeout, pending));
-        Ok(Response::new(Box::pin(
-            ReceiverStream::new(rx).map(|r| r.map(|a| *a).map_err(|s| *s)),
-        )))
+        Ok(rx)
     }
 }

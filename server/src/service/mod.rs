@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod agent_wire;
 pub mod allocate;
 mod cluster_pass;
 pub mod convert;
@@ -22,7 +23,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fairplace_proto::v1::admin_service_server::AdminServiceServer;
-use fairplace_proto::v1::agent_service_server::AgentServiceServer;
 use fairplace_proto::v1::placement_service_server::PlacementServiceServer;
 use fairplace_proto::v1::replica_service_server::ReplicaServiceServer;
 use tokio::net::TcpListener;
@@ -212,18 +212,20 @@ pub async fn serve_replicated(
         stopping: stopping.clone(),
     })
     .max_decoding_message_size(max);
-    let agent = AgentServiceServer::new(agent::Agent {
-        store: Arc::clone(&store),
-        heavy: heavy.clone(),
-        register_timeout: cfg.register_timeout,
-        stopping: stopping.clone(),
-        hub: Arc::clone(&hub),
-        pending: Arc::new(tokio::sync::Semaphore::new(
-            cfg.max_pending_registrations.max(1),
-        )),
-        replicated: replicated.clone(),
-    })
-    .max_decoding_message_size(max);
+    let agent = agent_wire::AgentServer::new(
+        agent::Agent {
+            store: Arc::clone(&store),
+            heavy: heavy.clone(),
+            register_timeout: cfg.register_timeout,
+            stopping: stopping.clone(),
+            hub: Arc::clone(&hub),
+            pending: Arc::new(tokio::sync::Semaphore::new(
+                cfg.max_pending_registrations.max(1),
+            )),
+            replicated: replicated.clone(),
+        },
+        max,
+    );
     let admin = AdminServiceServer::new(admin::Admin {
         store: Arc::clone(&store),
         auth: Box::new(admin::TokenAuth {
@@ -349,9 +351,7 @@ async fn serving_health() -> (
     health
         .set_serving::<PlacementServiceServer<placement::Placement>>()
         .await;
-    health
-        .set_serving::<AgentServiceServer<agent::Agent>>()
-        .await;
+    health.set_serving::<agent_wire::AgentServer>().await;
     health
         .set_serving::<AdminServiceServer<admin::Admin>>()
         .await;
@@ -475,9 +475,7 @@ async fn set_not_serving(
     health
         .set_not_serving::<PlacementServiceServer<placement::Placement>>()
         .await;
-    health
-        .set_not_serving::<AgentServiceServer<agent::Agent>>()
-        .await;
+    health.set_not_serving::<agent_wire::AgentServer>().await;
     health
         .set_not_serving::<AdminServiceServer<admin::Admin>>()
         .await;
