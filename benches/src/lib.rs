@@ -74,9 +74,9 @@ pub fn busy_cpu(rng: &mut Lcg) -> CpuState {
     c.nr_running = 1 + (rng.next_u64() % 2) as u32;
     c.cfs_h_nr_queued = c.nr_running;
     c.curr_is_idle = false;
-    c.load_avg = 800 + (rng.next_u64() % 400) as i64;
+    c.load_avg = 800 + (rng.next_u64() % 400) as u32;
     c.runnable_avg = c.load_avg;
-    c.util_avg = 900 + (rng.next_u64() % 124) as i64;
+    c.util_avg = 900 + (rng.next_u64() % 124) as u32;
     c.util_est = c.util_avg;
     c
 }

@@ -100,10 +100,10 @@ fn rq_of(tasks: &[RqTask]) -> CpuState {
         if t.sched_delayed {
             c.nr_delayed += 1;
         }
-        c.load_avg += t.load_avg;
-        c.util_avg += t.util_avg;
-        c.runnable_avg += t.runnable_avg;
-        c.util_est += t.util_est;
+        c.load_avg += t.load_avg as u32;
+        c.util_avg += t.util_avg as u32;
+        c.runnable_avg += t.runnable_avg as u32;
+        c.util_est += t.util_est as u32;
     }
     c.curr_is_idle = c.nr_running == 0;
     c

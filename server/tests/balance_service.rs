@@ -64,8 +64,8 @@ fn full(n: u32, seq: u64, lists: Vec<(u32, Vec<RqTask>)>) -> Update {
             c.nr_running = k;
             c.cfs_h_nr_queued = k;
             c.curr_is_idle = false;
-            c.load_avg = 1024 * k as i64;
-            c.runnable_avg = 1024 * k as i64;
+            c.load_avg = 1024 * k;
+            c.runnable_avg = 1024 * k;
             c.util_avg = 1000;
             c.util_est = 1000;
         }

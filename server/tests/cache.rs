@@ -623,7 +623,7 @@ fn node(topo: &Topology, llc: &LlcMap, utils: &[u64]) -> NodeState {
         let mut left = u;
         for c in llc.spans[l].iter() {
             let take = left.min(1024);
-            cpus[c].util_avg = take as i64;
+            cpus[c].util_avg = take as u32;
             left -= take;
         }
         assert_eq!(left, 0);

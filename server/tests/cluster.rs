@@ -27,7 +27,7 @@ fn spec(cpus: u32) -> TopologySpec {
     }
 }
 
-fn busy(load: i64) -> CpuState {
+fn busy(load: u32) -> CpuState {
     let mut c = CpuState::idle(1024);
     c.nr_running = 1;
     c.cfs_h_nr_queued = 1;
@@ -270,7 +270,7 @@ proptest! {
             let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
             (0..cpus).map(|i| {
                 x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-                (i, if x.is_multiple_of(3) { busy(200 + (x % 3000) as i64) } else { CpuState::idle(1024) })
+                (i, if x.is_multiple_of(3) { busy(200 + (x % 3000) as u32) } else { CpuState::idle(1024) })
             }).collect()
         };
         let mut gens = vec![];

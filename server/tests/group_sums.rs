@@ -51,11 +51,11 @@ fn cpu_state(seed: u64) -> CpuState {
             c.nr_running = (k as u32) - 2;
             c.cfs_h_nr_queued = c.nr_running;
             c.curr_is_idle = false;
-            c.load_avg = (seed % 1500) as i64;
+            c.load_avg = (seed % 1500) as u32;
             c.runnable_avg = c.load_avg + 10;
-            c.util_avg = (seed % 1100) as i64;
-            c.util_est = (seed % 900) as i64;
-            c.capacity = 1024 - (seed % 3) as u32 * 100;
+            c.util_avg = (seed % 1100) as u32;
+            c.util_est = (seed % 900) as u32;
+            c.capacity = 1024 - (seed % 3) as u16 * 100;
         }
     }
     c

@@ -65,10 +65,10 @@ impl Sim {
         let mut table = TaskTable::empty(n);
         let mut cpus = Vec::with_capacity(n);
         for (c, ts) in self.per_cpu().into_iter().enumerate() {
-            let k = ts.len() as i64;
+            let k = ts.len() as u32;
             let mut s = CpuState::idle(1024);
-            s.nr_running = k as u32;
-            s.cfs_h_nr_queued = k as u32;
+            s.nr_running = k;
+            s.cfs_h_nr_queued = k;
             s.curr_is_idle = k == 0;
             s.load_avg = 600 * k;
             s.runnable_avg = 600 * k;

@@ -548,7 +548,12 @@ fn memory_in_process(nodes: usize, cpus: u32) {
             full: true,
             cpus: states(cpus, i as u64 + 1)
                 .iter()
-                .map(|c| (c.id, fairplace::service::convert::cpu_state(c, 1024)))
+                .map(|c| {
+                    (
+                        c.id,
+                        fairplace::service::convert::cpu_state(c, 1024).expect("in range"),
+                    )
+                })
                 .collect(),
             ..Update::default()
         };
@@ -1485,7 +1490,12 @@ async fn cluster(
                     full: true,
                     cpus: st
                         .iter()
-                        .map(|c| (c.id, fairplace::service::convert::cpu_state(c, 1024)))
+                        .map(|c| {
+                            (
+                                c.id,
+                                fairplace::service::convert::cpu_state(c, 1024).expect("in range"),
+                            )
+                        })
                         .collect(),
                     ..Update::default()
                 };

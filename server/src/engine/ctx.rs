@@ -107,7 +107,7 @@ impl<'a> Ctx<'a> {
         let max_special = cap_orig == 1024 && umax == 1024;
         fits = fits || (!max_special && umax <= cap_orig);
         let umin = umin.min(umax);
-        if fits && util < umin as i64 && umin > rq.actual_capacity {
+        if fits && util < umin as i64 && umin > rq.actual_capacity as u32 {
             return -1;
         }
         fits as i32

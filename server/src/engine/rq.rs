@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::cpumask::CpuMask;
-use super::state::{CpuState, Policy, Task};
+use super::state::{CpuState, Policy, Task, pelt};
 
 /// One queued or running fair task, as the agent reported it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,10 +162,10 @@ pub fn rq_sub(rq: &mut CpuState, t: &RqTask) {
     }
     rq.h_nr_idle = rq.h_nr_idle.min(rq.nr_running);
     rq.nr_delayed = rq.nr_delayed.min(rq.nr_running);
-    rq.load_avg = (rq.load_avg - t.load_avg).max(0);
-    rq.runnable_avg = (rq.runnable_avg - t.runnable_avg).max(0);
-    rq.util_avg = (rq.util_avg - t.util_avg).max(0);
-    rq.util_est = (rq.util_est - t.util_est).max(0);
+    rq.load_avg = pelt(rq.load_avg as i64 - t.load_avg);
+    rq.runnable_avg = pelt(rq.runnable_avg as i64 - t.runnable_avg);
+    rq.util_avg = pelt(rq.util_avg as i64 - t.util_avg);
+    rq.util_est = pelt(rq.util_est as i64 - t.util_est);
     if rq.nr_running == 0 {
         rq.curr_is_idle = true;
     }
@@ -181,9 +181,9 @@ pub fn rq_add(rq: &mut CpuState, t: &RqTask) {
     if t.sched_delayed {
         rq.nr_delayed += 1;
     }
-    rq.load_avg += t.load_avg;
-    rq.runnable_avg += t.runnable_avg;
-    rq.util_avg += t.util_avg;
-    rq.util_est += t.util_est;
+    rq.load_avg = pelt(rq.load_avg as i64 + t.load_avg);
+    rq.runnable_avg = pelt(rq.runnable_avg as i64 + t.runnable_avg);
+    rq.util_avg = pelt(rq.util_avg as i64 + t.util_avg);
+    rq.util_est = pelt(rq.util_est as i64 + t.util_est);
     rq.curr_is_idle = false;
 }

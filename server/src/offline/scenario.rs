@@ -631,6 +631,12 @@ fn parse_cpus(v: Option<&Value>, spec: &TopologySpec) -> Result<Vec<CpuState>, F
         let cap = spec.cpus[id].capacity;
         let count = |k| o.int_or(k, 0, u32::MAX as i64, 0).map(|v| v as u32);
         let signal = |k| o.int_or(k, i64::MIN, i64::MAX, 0);
+        let field = |(f, msg)| FieldError::new(o.field(f), msg);
+        let pelt = |k| CpuState::signal_field(k, signal(k)?).map_err(field);
+        let capacity = |k| {
+            let v = o.int_or(k, 0, u32::MAX as i64, cap as i64)? as u32;
+            CpuState::capacity_field(k, Some(v), cap).map_err(field)
+        };
         let nr = count("nr_running")?;
         cpus[id] = CpuState {
             online: o.bool_or("online", true)?,
@@ -641,16 +647,18 @@ fn parse_cpus(v: Option<&Value>, spec: &TopologySpec) -> Result<Vec<CpuState>, F
             curr_is_idle: o.bool_or("curr_is_idle", nr == 0)?,
             ttwu_pending: o.bool_or("ttwu_pending", false)?,
             vcpu_preempted: o.bool_or("vcpu_preempted", false)?,
-            load_avg: signal("load_avg")?,
-            runnable_avg: signal("runnable_avg")?,
-            util_avg: signal("util_avg")?,
-            util_est: signal("util_est")?,
-            capacity: o.int_or("capacity", 0, u32::MAX as i64, cap as i64)? as u32,
-            actual_capacity: o.int_or("actual_capacity", 0, u32::MAX as i64, cap as i64)? as u32,
-            idle_exit_latency: o
-                .nullable_int("idle_exit_latency", 0, u32::MAX as i64)?
-                .flatten()
-                .map(|x| x as u32),
+            load_avg: pelt("load_avg")?,
+            runnable_avg: pelt("runnable_avg")?,
+            util_avg: pelt("util_avg")?,
+            util_est: pelt("util_est")?,
+            capacity: capacity("capacity")?,
+            actual_capacity: capacity("actual_capacity")?,
+            idle_exit_latency: CpuState::exit_latency_field(
+                o.nullable_int("idle_exit_latency", 0, u32::MAX as i64)?
+                    .flatten()
+                    .map(|x| x as u32),
+            )
+            .map_err(field)?,
             idle_stamp: signal("idle_stamp")?,
             curr_is_per_cpu_kthread: o.bool_or("curr_is_per_cpu_kthread", false)?,
             core_cookie: o.int_or("core_cookie", 0, i64::MAX, 0)? as u64,

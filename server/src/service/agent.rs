@@ -12,14 +12,15 @@ use std::time::{Duration, Instant};
 
 use fairplace_proto::v1 as pb;
 use fairplace_proto::v1::agent_message::Body;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tonic::Status;
 
-use super::agent_wire::Inbound;
+use super::ack_queue::{AckRx, ack_queue};
+use super::agent_wire::{self, Inbound};
 use super::convert;
 use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
-use super::lease_hub::{AckItem, AckTx};
+use super::lease_hub::AckTx;
 use super::route::{Replicated, redirect_status};
 use crate::engine::features::Kernel;
 use crate::engine::topology::FieldError;
@@ -146,25 +147,83 @@ async fn handed_over(rx: &mut Option<watch::Receiver<Option<Redirect>>>) -> Redi
     }
 }
 
+/// What ended a registered stream's wait for its next report.
+enum Next {
+    Report(Result<Option<pb::AgentMessage>, Status>),
+    Silent,
+    Stopping,
+    HandedOver(Redirect),
+}
+
+/// The wait between two reports: all an idle stream's task holds, so it is
+/// only the four things it waits on.
+async fn next_report(
+    inbound: &mut Inbound,
+    silence: Duration,
+    stopping: &mut watch::Receiver<bool>,
+    moved: &mut Option<watch::Receiver<Option<Redirect>>>,
+) -> Next {
+    tokio::select! {
+        r = tokio::time::timeout(silence, inbound.message()) => match r {
+            Ok(r) => Next::Report(r),
+            Err(_) => Next::Silent,
+        },
+        _ = stopping.wait_for(|s| *s) => Next::Stopping,
+        to = handed_over(moved) => Next::HandedOver(to),
+    }
+}
+
 impl ReportStream {
     async fn end(&self, s: Status) {
         let _ = self.tx.send(Err(Box::new(s))).await;
     }
 
+    /// The stream's life. Only the wait between two reports is held in the
+    /// task's own state: ten thousand idle streams keep theirs for as long
+    /// as they live, so every other step (registration, the leases'
+    /// reconcile, each report's handling, the end) is a boxed future that
+    /// lives only while it runs.
     async fn run(
         mut self,
         mut inbound: Inbound,
         register_timeout: Duration,
         pending: tokio::sync::OwnedSemaphorePermit,
     ) {
-        // The steps that run once (registration, the leases' reconcile) are
-        // boxed: a task's future is as large as its largest await state, and
-        // ten thousand idle streams keep theirs for as long as they live.
-        let registered = Box::pin(self.accept_register(&mut inbound, register_timeout)).await;
-        drop(pending);
-        let Some((node, generation, held)) = registered else {
+        let opened = Box::pin(self.open(&mut inbound, register_timeout, pending)).await;
+        let Some((node, generation, mut moved, serving)) = opened else {
             return;
         };
+        let mut handed = false;
+        if serving {
+            let silence = self.store.config.forget_after;
+            handed = loop {
+                let next = next_report(&mut inbound, silence, &mut self.stopping, &mut moved).await;
+                if let Some(handed) = Box::pin(self.on_next(&node, generation, next)).await {
+                    break handed;
+                }
+            };
+            self.hub.detach(&node.id, generation);
+        }
+        Box::pin(self.close(&node, generation, handed)).await;
+    }
+
+    /// Registration, the first Ack, and the leases' reconcile and re-send.
+    /// Returns the node, its generation, the replica's hand-over watch, and
+    /// whether the stream is still there to serve.
+    async fn open(
+        &mut self,
+        inbound: &mut Inbound,
+        register_timeout: Duration,
+        pending: tokio::sync::OwnedSemaphorePermit,
+    ) -> Option<(
+        Arc<crate::store::Node>,
+        u64,
+        Option<watch::Receiver<Option<Redirect>>>,
+        bool,
+    )> {
+        let registered = Box::pin(self.accept_register(inbound, register_timeout)).await;
+        drop(pending);
+        let (node, generation, held) = registered?;
         tracing::info!(node = %node.id, cpus = node.spec.cpus.len(), "agent registered");
         let first = pb::Ack {
             applied_seq: 0,
@@ -172,23 +231,25 @@ impl ReportStream {
             resync_required: true,
             ..Default::default()
         };
-        let mut moved = self
+        let moved = self
             .replicated
             .as_ref()
             .map(|r| r.replica.attach_stream(&node.id, generation));
-        let mut handed = false;
-        if self.tx.send(Ok(Box::new(first))).await.is_ok() {
+        let serving = self.tx.send(Ok(Box::new(first))).await.is_ok();
+        if serving {
             // Leases reach this node through this stream from now on, and
             // its live ones are applied again.
             self.hub.attach(&node.id, generation, self.tx.clone());
             let drop = Box::pin(super::allocate::reconcile(&self.store, &node, &held)).await;
             Box::pin(self.hub.resend(&self.store, &node, &self.tx, drop)).await;
-            handed = self
-                .serve_updates(&mut inbound, &node, generation, &mut moved)
-                .await;
-            self.hub.detach(&node.id, generation);
         }
-        self.store.disconnect(&node, generation);
+        Some((node, generation, moved, serving))
+    }
+
+    /// The stream ended: the node is disconnected, and released to the
+    /// next replica when it was handed over.
+    async fn close(&self, node: &Arc<crate::store::Node>, generation: u64, handed: bool) {
+        self.store.disconnect(node, generation);
         if let Some(rep) = &self.replicated {
             rep.replica.detach_stream(&node.id, generation);
             if handed {
@@ -307,94 +368,79 @@ impl ReportStream {
         }
     }
 
-    /// Updates until the agent closes, goes silent past the forget time, is
-    /// superseded, the node is handed to another replica (true), or the
-    /// server stops.
-    async fn serve_updates(
-        &mut self,
-        inbound: &mut Inbound,
+    /// Answers what ended a wait; `Some(handed over)` ends the stream.
+    async fn on_next(
+        &self,
         node: &Arc<crate::store::Node>,
         generation: u64,
-        moved: &mut Option<watch::Receiver<Option<Redirect>>>,
-    ) -> bool {
-        let silence = self.store.config.forget_after;
-        loop {
-            let next = tokio::select! {
-                r = tokio::time::timeout(silence, inbound.message()) => Some(Ok(r)),
-                _ = self.stopping.wait_for(|s| *s) => None,
-                to = handed_over(moved) => Some(Err(to)),
-            };
-            let next = match next {
-                Some(Err(to)) => {
-                    self.end(redirect_status(&to)).await;
-                    return true;
-                }
-                Some(Ok(r)) => Some(r),
-                None => None,
-            };
-            let Some(next) = next else {
-                self.end(shutting_down()).await;
-                return false;
-            };
-            let msg = match next {
-                Err(_) => {
-                    // A stream that stays open but says nothing does not keep
-                    // its node alive.
-                    self.store.forget_node(node, generation);
-                    rejected("silent");
-                    self.end(Status::deadline_exceeded(format!(
-                        "no report for {} s: node {} forgotten; reconnect and register again",
-                        silence.as_secs(),
-                        node.id
-                    )))
-                    .await;
-                    return false;
-                }
-                Ok(Ok(Some(m))) => m,
-                Ok(Ok(None)) => return false,
-                Ok(Err(s)) => {
-                    self.end(frame_error(s)).await;
-                    return false;
-                }
-            };
-            let step = match msg.body {
-                // Boxed while it runs: the idle wait above stays small.
-                Some(Body::Update(u)) => Box::pin(self.on_update(node, generation, u)).await,
-                Some(Body::Applied(o)) => {
-                    self.hub.outcome(&self.store, node, o);
-                    Step::Quiet
-                }
-                Some(Body::Register(_)) => {
-                    rejected("invalid");
-                    Step::End(Status::invalid_argument(
-                        "body: already registered; a topology change is a new registration on a new stream",
-                    ))
-                }
-                None => {
-                    rejected("invalid");
-                    Step::Ack(pb::Ack {
-                        applied_seq: node.last_seq(),
-                        resync_required: false,
-                        rejection: Some(pb::Rejection {
-                            reason: "invalid".into(),
-                            message: "body: empty message".into(),
-                        }),
-                        ..Default::default()
-                    })
-                }
-            };
-            match step {
-                Step::Ack(ack) => {
-                    if self.tx.send(Ok(Box::new(ack))).await.is_err() {
-                        return false;
-                    }
-                }
-                Step::End(s) => {
-                    self.end(s).await;
-                    return false;
-                }
-                Step::Quiet => {}
+        next: Next,
+    ) -> Option<bool> {
+        let msg = match next {
+            Next::HandedOver(to) => {
+                self.end(redirect_status(&to)).await;
+                return Some(true);
             }
+            Next::Stopping => {
+                self.end(shutting_down()).await;
+                return Some(false);
+            }
+            Next::Silent => {
+                // A stream that stays open but says nothing does not keep
+                // its node alive.
+                self.store.forget_node(node, generation);
+                rejected("silent");
+                self.end(Status::deadline_exceeded(format!(
+                    "no report for {} s: node {} forgotten; reconnect and register again",
+                    self.store.config.forget_after.as_secs(),
+                    node.id
+                )))
+                .await;
+                return Some(false);
+            }
+            Next::Report(Ok(Some(m))) => m,
+            Next::Report(Ok(None)) => return Some(false),
+            Next::Report(Err(s)) => {
+                self.end(frame_error(s)).await;
+                return Some(false);
+            }
+        };
+        let step = match msg.body {
+            Some(Body::Update(u)) => self.on_update(node, generation, u).await,
+            Some(Body::Applied(o)) => {
+                self.hub.outcome(&self.store, node, o);
+                Step::Quiet
+            }
+            Some(Body::Register(_)) => {
+                rejected("invalid");
+                Step::End(Status::invalid_argument(
+                    "body: already registered; a topology change is a new registration on a new stream",
+                ))
+            }
+            None => {
+                rejected("invalid");
+                Step::Ack(pb::Ack {
+                    applied_seq: node.last_seq(),
+                    resync_required: false,
+                    rejection: Some(pb::Rejection {
+                        reason: "invalid".into(),
+                        message: "body: empty message".into(),
+                    }),
+                    ..Default::default()
+                })
+            }
+        };
+        match step {
+            Step::Ack(ack) => self
+                .tx
+                .send(Ok(Box::new(ack)))
+                .await
+                .is_err()
+                .then_some(false),
+            Step::End(s) => {
+                self.end(s).await;
+                Some(false)
+            }
+            Step::Quiet => None,
         }
     }
 
@@ -526,11 +572,7 @@ fn rejection_ack(
 impl Agent {
     /// Opens a Report stream for `caller`: its task reads `inbound` and its
     /// acks come out of the returned channel (`agent_wire`'s response body).
-    pub(super) fn report(
-        &self,
-        caller: Caller,
-        inbound: Inbound,
-    ) -> Result<mpsc::Receiver<AckItem>, Status> {
+    pub(super) fn report(&self, caller: Caller, inbound: Inbound) -> Result<AckRx, Status> {
         let Ok(pending) = Arc::clone(&self.pending).try_acquire_owned() else {
             rejected("pending_registrations");
             return Err(Status::resource_exhausted(
@@ -538,9 +580,8 @@ impl Agent {
                  (--max-pending-registrations) is reached; retry later",
             ));
         };
-        // The agent waits for each Ack, so four slots are plenty; the items
-        // are boxed (`AckItem`) so an idle stream's slot block stays small.
-        let (tx, rx) = mpsc::channel::<AckItem>(4);
+        // The agent waits for each Ack, so four slots are plenty.
+        let (tx, rx) = ack_queue(4);
         let stream = ReportStream {
             store: Arc::clone(&self.store),
             heavy: self.heavy.clone(),
@@ -552,5 +593,58 @@ impl Agent {
         };
         tokio::spawn(stream.run(inbound, self.register_timeout, pending));
         Ok(rx)
+    }
+}
+
+/// AgentService as a tower service, in place of tonic's generated server:
+/// the Report stream's framing is `agent_wire`'s (see its module doc).
+#[derive(Clone)]
+pub struct AgentServer {
+    agent: Arc<Agent>,
+    /// The largest message a stream may carry (`--max-message-bytes`).
+    max_message: usize,
+}
+
+impl AgentServer {
+    pub fn new(agent: Agent, max_message: usize) -> Self {
+        Self {
+            agent: Arc::new(agent),
+            max_message,
+        }
+    }
+
+    /// Opens a Report stream, or answers with the status that says why not
+    /// (a trailers-only response, as gRPC servers do).
+    fn open(&self, req: http::Request<tonic::body::Body>) -> http::Response<tonic::body::Body> {
+        if let Some(s) = agent_wire::refusal(&req) {
+            return s.into_http();
+        }
+        let caller = Caller::of(req.extensions());
+        let inbound = Inbound::new(req.into_body(), self.max_message);
+        match self.agent.report(caller, inbound) {
+            Ok(acks) => agent_wire::ack_response(acks),
+            Err(s) => s.into_http(),
+        }
+    }
+}
+
+impl tonic::server::NamedService for AgentServer {
+    const NAME: &'static str = "fairplace.v1.AgentService";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for AgentServer {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        std::future::ready(Ok(self.open(req)))
     }
 }

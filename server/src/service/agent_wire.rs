@@ -14,24 +14,17 @@
 //! (0; no compression is offered), a big-endian u32 length, the protobuf
 //! message. A stream's end is `grpc-status` in the trailers.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fairplace_proto::v1 as pb;
 use http_body::{Body as _, Frame};
 use prost::Message;
-use tokio::sync::mpsc;
 use tonic::Status;
 use tonic::body::Body;
-use tonic::server::NamedService;
 
-use super::agent::Agent;
-use super::identity::Caller;
-use super::lease_hub::AckItem;
+use super::ack_queue::AckRx;
 
 /// The one method AgentService has.
 pub const REPORT_PATH: &str = "/fairplace.v1.AgentService/Report";
@@ -39,76 +32,34 @@ pub const REPORT_PATH: &str = "/fairplace.v1.AgentService/Report";
 /// gRPC's message prefix: the compressed flag and the length.
 const PREFIX: usize = 5;
 
-/// AgentService as a tower service (in place of tonic's generated server).
-#[derive(Clone)]
-pub struct AgentServer {
-    agent: Arc<Agent>,
-    /// The largest message a stream may carry (`--max-message-bytes`).
-    max_message: usize,
+/// Why a request cannot open a Report stream (wrong method, compressed
+/// messages), as the status to answer; `None` when it can.
+pub fn refusal(req: &http::Request<Body>) -> Option<Status> {
+    if req.uri().path() != REPORT_PATH {
+        return Some(Status::unimplemented(format!(
+            "method: {} is not a method of fairplace.v1.AgentService",
+            crate::quote::quote(req.uri().path())
+        )));
+    }
+    if let Some(enc) = req.headers().get("grpc-encoding")
+        && enc.as_bytes() != b"identity"
+    {
+        return Some(Status::unimplemented(format!(
+            "grpc-encoding: {} is not supported; send messages uncompressed",
+            String::from_utf8_lossy(enc.as_bytes())
+        )));
+    }
+    None
 }
 
-impl AgentServer {
-    pub fn new(agent: Agent, max_message: usize) -> Self {
-        Self {
-            agent: Arc::new(agent),
-            max_message,
-        }
-    }
-}
-
-impl NamedService for AgentServer {
-    const NAME: &'static str = "fairplace.v1.AgentService";
-}
-
-impl tower::Service<http::Request<Body>> for AgentServer {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let response = self.open(req);
-        Box::pin(std::future::ready(Ok(response)))
-    }
-}
-
-impl AgentServer {
-    /// Opens a Report stream, or answers with the status that says why not
-    /// (a trailers-only response, as every gRPC server does).
-    fn open(&self, req: http::Request<Body>) -> http::Response<Body> {
-        if req.uri().path() != REPORT_PATH {
-            return Status::unimplemented(format!(
-                "method: {} is not a method of fairplace.v1.AgentService",
-                crate::quote::quote(req.uri().path())
-            ))
-            .into_http();
-        }
-        if let Some(enc) = req.headers().get("grpc-encoding")
-            && enc.as_bytes() != b"identity"
-        {
-            return Status::unimplemented(format!(
-                "grpc-encoding: {} is not supported; send messages uncompressed",
-                String::from_utf8_lossy(enc.as_bytes())
-            ))
-            .into_http();
-        }
-        let caller = Caller::of(req.extensions());
-        let inbound = Inbound::new(req.into_body(), self.max_message);
-        match self.agent.report(caller, inbound) {
-            Ok(acks) => {
-                let mut res = http::Response::new(Body::new(AckBody { acks, done: false }));
-                res.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/grpc"),
-                );
-                res
-            }
-            Err(s) => s.into_http(),
-        }
-    }
+/// The response of an open stream: its acks as they come, then its status.
+pub fn ack_response(acks: AckRx) -> http::Response<Body> {
+    let mut res = http::Response::new(Body::new(AckBody { acks, done: false }));
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    res
 }
 
 /// The agent's messages, decoded from the request body as they arrive.
@@ -206,7 +157,7 @@ impl Inbound {
 /// The response body: each Ack as one length-prefixed message, then the
 /// stream's status in the trailers.
 struct AckBody {
-    acks: mpsc::Receiver<AckItem>,
+    acks: AckRx,
     done: bool,
 }
 
@@ -349,7 +300,7 @@ mod tests {
 
     #[tokio::test]
     async fn acks_are_framed_and_the_status_ends_the_stream_in_trailers() {
-        let (tx, acks) = mpsc::channel::<AckItem>(4);
+        let (tx, acks) = crate::service::ack_queue::ack_queue(4);
         let ack = pb::Ack {
             applied_seq: 7,
             ..Default::default()

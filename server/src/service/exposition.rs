@@ -233,7 +233,7 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
             running += c.nr_running as u64;
             sched_idle += c.sched_idle_rq() as u64;
             let e = llc.entry(snap.topo.spec.cpus[i].llc).or_default();
-            e.0 += c.util_avg;
+            e.0 += c.util_avg as i64;
             e.1 += 1;
         }
         let _ = writeln!(fam[4], "{}{{node=\"{node}\"}} {idle}", m::NODE_IDLE_CPUS);

@@ -10,21 +10,14 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use fairplace_proto::v1 as pb;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tonic::Status;
 
 use super::convert;
 use crate::metrics as m;
 use crate::store::{Lease, Node, Store, Target};
 
-/// One answer on an agent's Report stream. Both sides are boxed: a channel
-/// allocates its slots 32 at a time, and an `Ack` (leases, rejection) is
-/// over a hundred bytes, so an idle stream's slot block would otherwise be
-/// over 4 KiB.
-pub(crate) type AckItem = Result<Box<pb::Ack>, Box<Status>>;
-
-/// What an agent's Report stream is answered through.
-pub(crate) type AckTx = mpsc::Sender<AckItem>;
+pub(crate) use super::ack_queue::AckTx;
 
 /// How long an allocation with `apply` waits for its agent's answer (under
 /// the server's default 2 s request timeout).

@@ -1,6 +1,7 @@
 //! The gRPC service: PlacementService, AgentService and AdminService over the
 //! store, with health, reflection, the tower layers and graceful shutdown.
 
+mod ack_queue;
 pub mod admin;
 pub mod agent;
 pub mod agent_wire;
@@ -212,7 +213,7 @@ pub async fn serve_replicated(
         stopping: stopping.clone(),
     })
     .max_decoding_message_size(max);
-    let agent = agent_wire::AgentServer::new(
+    let agent = agent::AgentServer::new(
         agent::Agent {
             store: Arc::clone(&store),
             heavy: heavy.clone(),
@@ -351,7 +352,7 @@ async fn serving_health() -> (
     health
         .set_serving::<PlacementServiceServer<placement::Placement>>()
         .await;
-    health.set_serving::<agent_wire::AgentServer>().await;
+    health.set_serving::<agent::AgentServer>().await;
     health
         .set_serving::<AdminServiceServer<admin::Admin>>()
         .await;
@@ -475,7 +476,7 @@ async fn set_not_serving(
     health
         .set_not_serving::<PlacementServiceServer<placement::Placement>>()
         .await;
-    health.set_not_serving::<agent_wire::AgentServer>().await;
+    health.set_not_serving::<agent::AgentServer>().await;
     health
         .set_not_serving::<AdminServiceServer<admin::Admin>>()
         .await;

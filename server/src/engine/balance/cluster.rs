@@ -441,9 +441,7 @@ fn idlest_cpu(m: &ClusterMember) -> usize {
     }
     (0..m.cpus.len())
         .filter(online)
-        .min_by_key(|&i| {
-            (m.cpus[i].load_avg.max(0) as u64 * 1024) / m.cpus[i].capacity.max(1) as u64
-        })
+        .min_by_key(|&i| (m.cpus[i].load_avg as u64 * 1024) / m.cpus[i].capacity.max(1) as u64)
         .unwrap_or(0)
 }
 

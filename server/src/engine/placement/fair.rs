@@ -127,7 +127,7 @@ impl Ctx<'_> {
         sync: bool,
         waker_load: i64,
     ) -> Option<(usize, Affine)> {
-        let mut this_eff = self.rq(this).load_avg;
+        let mut this_eff = self.rq(this).load_avg as i64;
         if sync {
             if waker_load > this_eff {
                 return Some((this, Affine::ThisWeight));
@@ -141,7 +141,7 @@ impl Ctx<'_> {
         }
         this_eff *= self.rq(prev).capacity as i64;
 
-        let mut prev_eff = self.rq(prev).load_avg - tl;
+        let mut prev_eff = self.rq(prev).load_avg as i64 - tl;
         if self.f.wa_bias {
             prev_eff *= 100 + (sd.imbalance_pct as i64 - 100) / 2;
         }

@@ -171,11 +171,11 @@ impl Ctx<'_> {
             self.detail.slow_cpus_read += 1;
             let here = exec_cpu == Some(i);
             if here {
-                sum.load += (rq.load_avg - self.p.load_avg).max(0);
-                sum.runnable += (rq.runnable_avg - self.p.runnable_avg).max(0);
+                sum.load += (rq.load_avg as i64 - self.p.load_avg).max(0);
+                sum.runnable += (rq.runnable_avg as i64 - self.p.runnable_avg).max(0);
             } else {
-                sum.load += rq.load_avg;
-                sum.runnable += rq.runnable_avg;
+                sum.load += rq.load_avg as i64;
+                sum.runnable += rq.runnable_avg as i64;
             }
             sum.util += self.cpu_util(i, here);
             let nr = rq.nr_running as i64 - here as i64;
@@ -224,7 +224,7 @@ impl Ctx<'_> {
             }
             let rq = self.rq(i);
             if rq.available_idle() {
-                match rq.idle_exit_latency {
+                match rq.exit_latency() {
                     Some(lat) if (lat as u64) < min_exit_latency => {
                         min_exit_latency = lat as u64;
                         latest_idle_stamp = rq.idle_stamp;
@@ -239,7 +239,7 @@ impl Ctx<'_> {
                     _ => {}
                 }
             } else if shallowest.is_none() {
-                let load = rq.load_avg.max(0) as u64;
+                let load = rq.load_avg as u64;
                 if load < min_load {
                     min_load = load;
                     least_loaded = i;

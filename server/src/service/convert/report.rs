@@ -61,9 +61,12 @@ pub fn topology_to_pb(spec: &TopologySpec) -> pb::Topology {
     }
 }
 
-/// One reported CPU; range rules are checked by the store with the topology.
-pub fn cpu_state(c: &pb::CpuState, capacity_orig: u32) -> CpuState {
-    CpuState {
+/// One reported CPU, narrowed to the store's layout (a value that does not
+/// fit is refused here, naming its field); the other range rules are checked
+/// by the store with the topology.
+pub fn cpu_state(c: &pb::CpuState, capacity_orig: u32) -> Result<CpuState, (&'static str, String)> {
+    let signal = CpuState::signal_field;
+    Ok(CpuState {
         online: c.online,
         nr_running: c.nr_running,
         h_nr_idle: c.h_nr_idle,
@@ -72,17 +75,21 @@ pub fn cpu_state(c: &pb::CpuState, capacity_orig: u32) -> CpuState {
         curr_is_idle: c.curr_is_idle.unwrap_or(c.nr_running == 0),
         ttwu_pending: c.ttwu_pending,
         vcpu_preempted: c.vcpu_preempted,
-        load_avg: c.load_avg,
-        runnable_avg: c.runnable_avg,
-        util_avg: c.util_avg,
-        util_est: c.util_est,
-        capacity: c.capacity.unwrap_or(capacity_orig),
-        actual_capacity: c.actual_capacity.unwrap_or(capacity_orig),
-        idle_exit_latency: c.idle_exit_latency,
+        load_avg: signal("load_avg", c.load_avg)?,
+        runnable_avg: signal("runnable_avg", c.runnable_avg)?,
+        util_avg: signal("util_avg", c.util_avg)?,
+        util_est: signal("util_est", c.util_est)?,
+        capacity: CpuState::capacity_field("capacity", c.capacity, capacity_orig)?,
+        actual_capacity: CpuState::capacity_field(
+            "actual_capacity",
+            c.actual_capacity,
+            capacity_orig,
+        )?,
+        idle_exit_latency: CpuState::exit_latency_field(c.idle_exit_latency)?,
         idle_stamp: c.idle_stamp,
         curr_is_per_cpu_kthread: c.curr_is_per_cpu_kthread,
         core_cookie: c.core_cookie,
-    }
+    })
 }
 
 pub fn cpu_state_to_pb(id: usize, c: &CpuState) -> pb::CpuState {
@@ -96,13 +103,13 @@ pub fn cpu_state_to_pb(id: usize, c: &CpuState) -> pb::CpuState {
         curr_is_idle: Some(c.curr_is_idle),
         ttwu_pending: c.ttwu_pending,
         vcpu_preempted: c.vcpu_preempted,
-        load_avg: c.load_avg,
-        runnable_avg: c.runnable_avg,
-        util_avg: c.util_avg,
-        util_est: c.util_est,
-        capacity: Some(c.capacity),
-        actual_capacity: Some(c.actual_capacity),
-        idle_exit_latency: c.idle_exit_latency,
+        load_avg: c.load_avg as i64,
+        runnable_avg: c.runnable_avg as i64,
+        util_avg: c.util_avg as i64,
+        util_est: c.util_est as i64,
+        capacity: Some(c.capacity as u32),
+        actual_capacity: Some(c.actual_capacity as u32),
+        idle_exit_latency: c.exit_latency(),
         idle_stamp: c.idle_stamp,
         curr_is_per_cpu_kthread: c.curr_is_per_cpu_kthread,
         core_cookie: c.core_cookie,
@@ -125,11 +132,14 @@ pub fn update(u: &pb::Update, spec: &TopologySpec) -> Result<Update, FieldError>
     let cpus = u
         .cpus
         .iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(k, c)| {
             let cap = spec.cpus.get(c.id as usize).map_or(1024, |t| t.capacity);
-            (c.id, cpu_state(c, cap))
+            let s =
+                cpu_state(c, cap).map_err(|(f, msg)| err(format!("update.cpus[{k}].{f}"), msg))?;
+            Ok((c.id, s))
         })
-        .collect();
+        .collect::<Result<_, FieldError>>()?;
     let mut tasks = Vec::with_capacity(u.tasks.len());
     for (k, l) in u.tasks.iter().enumerate() {
         let mut list = CpuTaskList {
