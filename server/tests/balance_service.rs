@@ -75,6 +75,7 @@ fn full(n: u32, seq: u64, lists: Vec<(u32, Vec<RqTask>)>) -> Update {
         seq,
         full: true,
         cpus,
+        core_cookies: Vec::new(),
         tasks: lists
             .into_iter()
             .map(|(cpu, l)| CpuTaskList {

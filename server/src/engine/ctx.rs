@@ -140,7 +140,7 @@ impl<'a> Ctx<'a> {
     /// `sched_cpu_cookie_match()`.
     #[inline]
     pub fn sched_cpu_cookie_match(&self, cpu: usize) -> bool {
-        !self.sys.core_sched || self.rq(cpu).core_cookie == self.p.core_cookie
+        !self.sys.core_sched || self.st.core_cookie(cpu) == self.p.core_cookie
     }
 
     /// `sched_core_cookie_match()`: a wholly idle core takes any cookie.
@@ -153,7 +153,7 @@ impl<'a> Ctx<'a> {
             .smt_siblings(cpu)
             .iter()
             .all(|&s| self.available_idle_cpu(s as usize));
-        core_idle || self.rq(cpu).core_cookie == self.p.core_cookie
+        core_idle || self.st.core_cookie(cpu) == self.p.core_cookie
     }
 
     /// `sched_group_cookie_match()`.

@@ -8,12 +8,13 @@ use super::topology::{Level, SpanId, Topology};
 
 /// One runqueue as the agent last reported it.
 ///
-/// Laid out in 64 bytes: a node's CPU states are most of what the store
-/// holds per node (10,000 nodes of 128 CPUs: 80 MiB here, 110 MiB at the
+/// Laid out in 56 bytes: a node's CPU states are most of what the store
+/// holds per node (10,000 nodes of 128 CPUs: 70 MiB here, 110 MiB at the
 /// natural widths). The PELT signals are bounded by `MAX_SIGNAL` (31 bits)
 /// and capacities by `SCHED_CAPACITY_SCALE`, so they are held at 32 and 16
 /// bits; every algorithm reads them widened (`as i64`), so no arithmetic
-/// changes width.
+/// changes width. The core-scheduling cookie, which agents of machines
+/// without core scheduling never set, is the node's (`NodeState::core_cookie`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuState {
     pub online: bool,
@@ -43,7 +44,6 @@ pub struct CpuState {
     pub idle_exit_latency: u32,
     pub idle_stamp: i64,
     pub curr_is_per_cpu_kthread: bool,
-    pub core_cookie: u64,
 }
 
 /// A PELT sum held back in a runqueue's 32 bits: a working copy that gains
@@ -59,7 +59,7 @@ pub fn pelt(v: i64) -> u32 {
 /// reports of it are refused).
 pub const NO_IDLE_STATE: u32 = u32::MAX;
 
-const _: () = assert!(std::mem::size_of::<CpuState>() == 64);
+const _: () = assert!(std::mem::size_of::<CpuState>() == 56);
 
 impl CpuState {
     /// An online, idle, empty runqueue of the given capacity.
@@ -84,7 +84,6 @@ impl CpuState {
             idle_exit_latency: NO_IDLE_STATE,
             idle_stamp: 0,
             curr_is_per_cpu_kthread: false,
-            core_cookie: 0,
         }
     }
 
@@ -110,12 +109,6 @@ impl CpuState {
             if v as i64 > MAX {
                 return Err((name, format!("{v} is out of range 0..{MAX}")));
             }
-        }
-        if self.core_cookie > i64::MAX as u64 {
-            return Err((
-                "core_cookie",
-                format!("{} is out of range 0..{}", self.core_cookie, i64::MAX),
-            ));
         }
         if self.h_nr_idle > self.nr_running {
             return Err((
@@ -196,6 +189,18 @@ impl CpuState {
             )),
             Some(l) => Ok(l),
         }
+    }
+
+    /// A reported core-scheduling cookie (`rq->core->core_cookie`): the
+    /// kernel's are pointers, which fit 63 bits.
+    pub fn core_cookie_field(v: u64) -> Result<u64, (&'static str, String)> {
+        if v > i64::MAX as u64 {
+            return Err((
+                "core_cookie",
+                format!("{v} is out of range 0..{}", i64::MAX),
+            ));
+        }
+        Ok(v)
     }
 
     /// The exit latency of the CPU's idle state, if it is in one.
@@ -333,6 +338,11 @@ pub struct NodeState {
     /// group span): a scenario's hint (format section 6.1); agents report
     /// none, so it is empty and costs nothing on their nodes.
     pub sgc_imbalance: Vec<(Level, SpanId)>,
+    /// Each CPU's core-scheduling cookie (`rq->core->core_cookie`), by CPU;
+    /// empty while every one is 0, as on every machine without core
+    /// scheduling, so those nodes pay nothing for it. Set with
+    /// [`NodeState::set_core_cookies`], read with [`NodeState::core_cookie`].
+    pub core_cookies: Vec<u64>,
 }
 
 impl NodeState {
@@ -370,6 +380,7 @@ impl NodeState {
             groups: Vec::new(),
             groups_util_est: features.util_est,
             sgc_imbalance: Vec::new(),
+            core_cookies: Vec::new(),
         };
         for k in 0..topo.shared.len() {
             let h = hints.get(k).copied().unwrap_or_default();
@@ -402,9 +413,12 @@ impl NodeState {
             && prev.groups_util_est == features.util_est
             && prev.cpus.len() == cpus.len();
         if !incremental {
-            return NodeState::new(topo, cpus, hints, features);
+            let mut st = NodeState::new(topo, cpus, hints, features);
+            st.set_core_cookies(topo, prev.core_cookies.clone());
+            return st;
         }
         let mut st = NodeState::new_without_sums(topo, cpus, hints, features);
+        st.set_core_cookies(topo, prev.core_cookies.clone());
         st.groups.clone_from(&prev.groups);
         let ue = features.util_est;
         for i in 0..st.cpus.len() {
@@ -432,6 +446,27 @@ impl NodeState {
             }
         }
         st
+    }
+
+    /// Sets every CPU's core cookie (`cookies` by CPU; missing ones are 0).
+    /// An offline CPU has none, as `CpuState::offline` keeps no state.
+    pub fn set_core_cookies(&mut self, topo: &Topology, mut cookies: Vec<u64>) {
+        cookies.truncate(self.cpus.len());
+        for (i, c) in cookies.iter_mut().enumerate() {
+            if !topo.online.test(i) {
+                *c = 0;
+            }
+        }
+        if cookies.iter().all(|&c| c == 0) {
+            cookies = Vec::new();
+        }
+        self.core_cookies = cookies;
+    }
+
+    /// CPU `cpu`'s core-scheduling cookie.
+    #[inline]
+    pub fn core_cookie(&self, cpu: usize) -> u64 {
+        self.core_cookies.get(cpu).copied().unwrap_or(0)
     }
 
     /// `sg_imbalanced()`: is the group `g` of a `level` domain marked?

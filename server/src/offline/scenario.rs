@@ -416,7 +416,7 @@ pub(super) fn parse_node(top: &Obj<'_>) -> Result<Node, FieldError> {
             .ok_or_else(|| FieldError::new("topology", "is required"))?,
     )?;
     spec.validate("topology")?;
-    let cpus = parse_cpus(top.map.get("cpus"), &spec)?;
+    let (cpus, cookies) = parse_cpus(top.map.get("cpus"), &spec)?;
     let mut online = CpuMask::new();
     for (i, c) in cpus.iter().enumerate() {
         if c.online {
@@ -432,6 +432,7 @@ pub(super) fn parse_node(top: &Obj<'_>) -> Result<Node, FieldError> {
     }
     let hints = parse_hints(top.map.get("llc"), top.map.get("asym"), &topology)?;
     let mut state = NodeState::new(&topology, cpus, &hints, &features);
+    state.set_core_cookies(&topology, cookies);
     state.sgc_imbalance = parse_sgc_imbalance(top.map.get("sgc_imbalance"), &topology)?;
     Ok(Node {
         name,
@@ -576,14 +577,20 @@ fn parse_topology(v: &Value) -> Result<TopologySpec, FieldError> {
     })
 }
 
-fn parse_cpus(v: Option<&Value>, spec: &TopologySpec) -> Result<Vec<CpuState>, FieldError> {
+/// The CPUs' states, and their core cookies (by CPU).
+type ParsedCpus = (Vec<CpuState>, Vec<u64>);
+
+fn parse_cpus(v: Option<&Value>, spec: &TopologySpec) -> Result<ParsedCpus, FieldError> {
     let n = spec.cpus.len();
     let mut cpus: Vec<CpuState> = spec
         .cpus
         .iter()
         .map(|t| CpuState::idle(t.capacity))
         .collect();
-    let Some(v) = v else { return Ok(cpus) };
+    let mut cookies = vec![0; n];
+    let Some(v) = v else {
+        return Ok((cpus, cookies));
+    };
     let list = v
         .as_array()
         .ok_or_else(|| FieldError::new("cpus", "must be a list"))?;
@@ -661,13 +668,13 @@ fn parse_cpus(v: Option<&Value>, spec: &TopologySpec) -> Result<Vec<CpuState>, F
             .map_err(field)?,
             idle_stamp: signal("idle_stamp")?,
             curr_is_per_cpu_kthread: o.bool_or("curr_is_per_cpu_kthread", false)?,
-            core_cookie: o.int_or("core_cookie", 0, i64::MAX, 0)? as u64,
         };
+        cookies[id] = o.int_or("core_cookie", 0, i64::MAX, 0)? as u64;
         cpus[id]
             .check(cap)
             .map_err(|(f, msg)| FieldError::new(o.field(f), msg))?;
     }
-    Ok(cpus)
+    Ok((cpus, cookies))
 }
 
 fn parse_hint(v: &Value, path: &str) -> Result<SharedHint, FieldError> {

@@ -235,7 +235,7 @@ impl AdminService for Admin {
         Ok(Response::new(pb::GetNodeResponse {
             summary: Some(summary(&self.store, &n, &s, Instant::now())),
             topology: Some(convert::topology_to_pb(&n.spec)),
-            cpus: convert::cpu_states_to_pb(&s.state.cpus),
+            cpus: convert::cpu_states_to_pb(&s.state),
             claims: s.claims.iter().copied().collect(),
             agent_version: n.agent_version.clone(),
             last_seq: n.last_seq(),

@@ -42,7 +42,7 @@ fn node_state(store: &Store, id: &str, now: Instant) -> Option<pb::NodeState> {
     Some(pb::NodeState {
         aggregate: Some(to_pb(&n.id, &n.labels, &s.topo.online, &s.agg)),
         topology: Some(convert::topology_to_pb(&n.spec)),
-        cpus: convert::cpu_states_to_pb(&s.state.cpus),
+        cpus: convert::cpu_states_to_pb(&s.state),
         tasks: convert::task_lists_to_pb(&s.tasks),
         util_est: s.features.util_est,
     })

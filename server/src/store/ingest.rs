@@ -17,7 +17,9 @@ use crate::engine::state::{CpuState, MAX_CLOCK, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};
 
 use super::claims::base_cpus;
-use super::{Node, RegisterError, Reject, Snapshot, Store, TopoCache, Update, Writer, tasks};
+use super::{
+    Carried, Node, RegisterError, Reject, Snapshot, Store, TopoCache, Update, Writer, tasks,
+};
 
 impl Store {
     pub(super) fn intern_spec(&self, spec: TopologySpec) -> Arc<TopologySpec> {
@@ -333,7 +335,10 @@ impl Store {
             cur.features,
             Some(now),
             &cur,
-            table,
+            Carried {
+                tasks: table,
+                core_cookies: next_core_cookies(&cur.state.core_cookies, u, n),
+            },
         );
         Ok(v)
     }
@@ -353,6 +358,23 @@ impl Store {
         let ns = now.saturating_duration_since(self.epoch).as_nanos();
         ns.clamp(1, MAX_CLOCK as u128) as i64
     }
+}
+
+/// A node's core cookies after `u` (by CPU); `None` when neither the node
+/// nor the update has any, so nodes without core scheduling copy nothing.
+fn next_core_cookies(cur: &[u64], u: &Update, n: usize) -> Option<Vec<u64>> {
+    if cur.is_empty() && u.core_cookies.is_empty() {
+        return None;
+    }
+    let mut next = if cur.is_empty() {
+        vec![0; n]
+    } else {
+        cur.to_vec()
+    };
+    for (k, (id, _)) in u.cpus.iter().enumerate() {
+        next[*id as usize] = u.core_cookies.get(k).copied().unwrap_or(0);
+    }
+    Some(next)
 }
 
 /// An update's CPU states checked against the node's hardware: each CPU

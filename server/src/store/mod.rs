@@ -354,9 +354,20 @@ pub struct Update {
     pub seq: u64,
     pub full: bool,
     pub cpus: Vec<(u32, CpuState)>,
+    /// The core cookie of each CPU of `cpus`, in the same order; empty when
+    /// all are 0 (then every listed CPU's cookie is 0).
+    pub core_cookies: Vec<u64>,
     /// Each list replaces its CPU's; with `full`, unlisted CPUs have none.
     pub tasks: Vec<CpuTaskList>,
     pub runtime: Vec<RuntimeEntry>,
+}
+
+/// What a published snapshot carries beside its CPU states: the reported
+/// tasks, and the core cookies when a report changed them (`None` keeps the
+/// current ones).
+pub(super) struct Carried {
+    pub tasks: Arc<TaskTable>,
+    pub core_cookies: Option<Vec<u64>>,
 }
 
 /// Built domain trees by (machine type, online CPUs).
@@ -464,8 +475,11 @@ impl Store {
         reported_at: Option<Instant>,
         cur: &Snapshot,
     ) -> u64 {
-        let tasks = Arc::clone(&cur.tasks);
-        self.publish_with(node, w, cpus, topo, features, reported_at, cur, tasks)
+        let carried = Carried {
+            tasks: Arc::clone(&cur.tasks),
+            core_cookies: None,
+        };
+        self.publish_with(node, w, cpus, topo, features, reported_at, cur, carried)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -478,7 +492,7 @@ impl Store {
         features: Features,
         reported_at: Option<Instant>,
         cur: &Snapshot,
-        tasks: Arc<TaskTable>,
+        carried: Carried,
     ) -> u64 {
         w.leases.count_in(&mut cpus);
         let mut claims: Vec<(u32, u32)> = Vec::with_capacity(w.claims.len());
@@ -492,7 +506,11 @@ impl Store {
         }
         claims.sort_unstable();
         let same = Arc::ptr_eq(&topo, &cur.topo);
-        let state = NodeState::next(&topo, &cur.state, same, cpus, &[], &features);
+        let mut state = NodeState::next(&topo, &cur.state, same, cpus, &[], &features);
+        if let Some(cookies) = carried.core_cookies {
+            state.set_core_cookies(&topo, cookies);
+        }
+        let tasks = carried.tasks;
         let version = cur.version + 1;
         let agg = NodeAgg::of(&topo, &state, features.util_est);
         let snap = Snapshot {

@@ -5,7 +5,7 @@ use fairplace_proto::v1 as pb;
 
 use crate::engine::cpumask::CpuMask;
 use crate::engine::rq::{RqTask, TaskTable};
-use crate::engine::state::{CpuState, MAX_CLOCK};
+use crate::engine::state::{CpuState, MAX_CLOCK, NodeState};
 use crate::engine::topology::{CpuTopo, FieldError, TopologySpec};
 use crate::store::{CpuTaskList, RuntimeEntry, Update};
 
@@ -88,11 +88,10 @@ pub fn cpu_state(c: &pb::CpuState, capacity_orig: u32) -> Result<CpuState, (&'st
         idle_exit_latency: CpuState::exit_latency_field(c.idle_exit_latency)?,
         idle_stamp: c.idle_stamp,
         curr_is_per_cpu_kthread: c.curr_is_per_cpu_kthread,
-        core_cookie: c.core_cookie,
     })
 }
 
-pub fn cpu_state_to_pb(id: usize, c: &CpuState) -> pb::CpuState {
+pub fn cpu_state_to_pb(id: usize, c: &CpuState, core_cookie: u64) -> pb::CpuState {
     pb::CpuState {
         id: id as u32,
         online: c.online,
@@ -112,16 +111,30 @@ pub fn cpu_state_to_pb(id: usize, c: &CpuState) -> pb::CpuState {
         idle_exit_latency: c.exit_latency(),
         idle_stamp: c.idle_stamp,
         curr_is_per_cpu_kthread: c.curr_is_per_cpu_kthread,
-        core_cookie: c.core_cookie,
+        core_cookie,
     }
 }
 
 /// Every CPU's state, in id order, as GetNode and a replica's NodeStates
 /// carry them.
-pub fn cpu_states_to_pb(cpus: &[CpuState]) -> Vec<pb::CpuState> {
-    cpus.iter()
+pub fn cpu_states_to_pb(st: &NodeState) -> Vec<pb::CpuState> {
+    st.cpus
+        .iter()
         .enumerate()
-        .map(|(i, c)| cpu_state_to_pb(i, c))
+        .map(|(i, c)| cpu_state_to_pb(i, c, st.core_cookie(i)))
+        .collect()
+}
+
+/// The update's core cookies, parallel to its CPUs; empty when all are 0.
+fn core_cookies(u: &pb::Update) -> Result<Vec<u64>, FieldError> {
+    if u.cpus.iter().all(|c| c.core_cookie == 0) {
+        return Ok(Vec::new());
+    }
+    let field = |k: usize| move |(f, msg)| err(format!("update.cpus[{k}].{f}"), msg);
+    u.cpus
+        .iter()
+        .enumerate()
+        .map(|(k, c)| CpuState::core_cookie_field(c.core_cookie).map_err(field(k)))
         .collect()
 }
 
@@ -170,6 +183,7 @@ pub fn update(u: &pb::Update, spec: &TopologySpec) -> Result<Update, FieldError>
         seq: u.seq,
         full: u.full,
         cpus,
+        core_cookies: core_cookies(u)?,
         tasks,
         runtime,
     })

@@ -256,6 +256,7 @@ impl Balancer {
                 groups: Vec::new(),
                 groups_util_est: false,
                 sgc_imbalance: Vec::new(),
+                core_cookies: Vec::new(),
             },
             tasks: Vec::new(),
             copied: Vec::new(),
@@ -355,6 +356,7 @@ impl Balancer {
         }
         self.work.cpus.clone_from(&view.state.cpus);
         self.work.shared.clone_from(&view.state.shared);
+        self.work.core_cookies.clone_from(&view.state.core_cookies);
         // No group sums: the working copy changes as tasks move.
         self.work.groups.clear();
         self.tasks.resize_with(topo.nr_cpus, VecDeque::new);
