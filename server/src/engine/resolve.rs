@@ -35,12 +35,7 @@ pub struct TaskCpus {
 /// its `prev_cpu`, any other request puts the task on `task_cpu` (the
 /// forking or exec'ing CPU, or a migration's source). Field names are
 /// `task.NAME`.
-pub fn task(
-    mut t: Task,
-    cpus: TaskCpus,
-    wakeup: bool,
-    task_cpu: usize,
-) -> Result<Task, FieldError> {
+pub fn task(t: &mut Task, cpus: TaskCpus, wakeup: bool, task_cpu: usize) -> Result<(), FieldError> {
     t.prev_cpu = match (wakeup, cpus.prev_cpu) {
         (true, Some(p)) => p,
         (true, None) => return Err(FieldError::new("task.prev_cpu", "is required for a wakeup")),
@@ -52,8 +47,7 @@ pub fn task(
         Recent::Cpu(c) => Some(c),
     };
     t.check()
-        .map_err(|(f, msg)| FieldError::new(format!("task.{f}"), msg))?;
-    Ok(t)
+        .map_err(|(f, msg)| FieldError::new(format!("task.{f}"), msg))
 }
 
 /// The CPU a placement is asked on (`field` names it): online, and for an

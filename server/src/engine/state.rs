@@ -589,12 +589,18 @@ impl Task {
     /// Checks the rules a task must keep, whatever path it came in by (a
     /// scenario or an RPC). Returns the offending field and what is wrong.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
-        let range = |name, v: i64, lo: i64, hi: i64, shown: &str| {
+        // The message is made only for a value out of range: this runs on
+        // every placement request.
+        let range = |name, v: i64, lo: i64, hi: i64| {
             if (lo..=hi).contains(&v) {
-                Ok(())
-            } else {
-                Err((name, format!("{v} is out of range {lo}..{shown}")))
+                return Ok(());
             }
+            let shown = if hi == MAX_CLOCK {
+                "2^62".to_string()
+            } else {
+                hi.to_string()
+            };
+            Err((name, format!("{v} is out of range {lo}..{shown}")))
         };
         if self.cpus_allowed.is_empty() {
             return Err(("cpus_allowed", "must not be empty".into()));
@@ -606,13 +612,13 @@ impl Task {
             ("load_avg", self.load_avg),
             ("wakee_flips", self.wakee_flips),
         ] {
-            range(name, v, 0, MAX_SIGNAL, &MAX_SIGNAL.to_string())?;
+            range(name, v, 0, MAX_SIGNAL)?;
         }
-        range("uclamp_min", self.uclamp_min as i64, 0, 1024, "1024")?;
-        range("uclamp_max", self.uclamp_max as i64, 0, 1024, "1024")?;
+        range("uclamp_min", self.uclamp_min as i64, 0, 1024)?;
+        range("uclamp_max", self.uclamp_max as i64, 0, 1024)?;
         let nid = self.numa_preferred_nid as i64;
-        range("numa_preferred_nid", nid, -1, 255, "255")?;
-        range("exec_start", self.exec_start, 0, MAX_CLOCK, "2^62")?;
+        range("numa_preferred_nid", nid, -1, 255)?;
+        range("exec_start", self.exec_start, 0, MAX_CLOCK)?;
         if self.core_cookie > i64::MAX as u64 {
             let msg = format!("{} is out of range 0..{}", self.core_cookie, i64::MAX);
             return Err(("core_cookie", msg));

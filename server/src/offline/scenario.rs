@@ -899,7 +899,8 @@ fn parse_task(
     t.blocked = o.bool_or("blocked", false)?;
     t.exec_start = o.int_or("exec_start", i64::MIN, i64::MAX, 0)?;
     t.hot = o.nullable_bool("hot")?;
-    resolve::task(t, cpus, wakeup, task_cpu)
+    resolve::task(&mut t, cpus, wakeup, task_cpu)?;
+    Ok(t)
 }
 
 fn parse_place_request(

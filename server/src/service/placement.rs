@@ -52,18 +52,21 @@ impl Placement {
         ext: &http::Extensions,
         r: pb::PickCpuRequest,
     ) -> Result<pb::PickCpuResponse, Status> {
+        // The forward and the cluster path are boxed: their states (a gRPC
+        // client call, the cluster walk) are kilobytes, and every call's
+        // future, which the server boxes and moves, would carry them.
         if let Some((rep, m)) = self.peer_for(&r.node_id, ext)? {
             let mut c = rep.placement(&m)?;
-            return route::forward("PickCpu", caller, r, |q| async move { c.pick_cpu(q).await })
-                .await
-                .map(Response::into_inner);
+            let forward =
+                route::forward("PickCpu", caller, r, |q| async move { c.pick_cpu(q).await });
+            return Box::pin(forward).await.map(Response::into_inner);
         }
         let claim = r.claim;
         let resp = if !r.node_id.is_empty() {
             let node = super::registered_node(&self.store, &r.node_id)?;
-            self.pick_on(&node, &r).await?
+            self.pick_on(&node, &r)?
         } else {
-            self.pick_on_cluster(caller, r).await?
+            Box::pin(self.pick_on_cluster(caller, r)).await?
         };
         // A claim made through another replica is counted at its owner.
         if claim && self.store.get(&resp.node_id).is_some() {
@@ -113,18 +116,15 @@ impl Placement {
 
     /// A placement on one node, against its live state; with `claim`, decided
     /// again until the claim commits on the snapshot it was decided on.
-    async fn pick_on(
-        &self,
-        node: &Node,
-        r: &pb::PickCpuRequest,
-    ) -> Result<pb::PickCpuResponse, Status> {
+    fn pick_on(&self, node: &Node, r: &pb::PickCpuRequest) -> Result<pb::PickCpuResponse, Status> {
         let mut attempt = 0;
+        let mut task = crate::engine::state::Task::new(1, 0);
         loop {
             let now = Instant::now();
             let (snap, age) = super::fresh_snapshot(&self.store, node, now)?;
-            let (task, preq) = convert::pick_request(r, &snap).map_err(convert::invalid)?;
+            let preq = convert::pick_request(r, &snap, &mut task).map_err(convert::invalid)?;
             let view = snap.view(&self.store.config.system);
-            let t0 = Instant::now();
+            let t0 = quanta::Instant::now();
             let p = select_task_rq(view, &task, &preq);
             let took = t0.elapsed().as_secs_f64();
             if r.claim && !self.store.try_claim(node, snap.version, p.cpu, now) {
@@ -137,7 +137,7 @@ impl Placement {
                 let sys = self.store.config.system;
                 let (p, version, took) = self.store.claim_locked(node, now, |cur| {
                     let view = cur.view(&sys);
-                    let t0 = Instant::now();
+                    let t0 = quanta::Instant::now();
                     let p = select_task_rq(view, &task, &preq);
                     let took = t0.elapsed().as_secs_f64();
                     ((p, cur.version, took), Some(p.cpu))
@@ -185,7 +185,7 @@ impl Placement {
         {
             let s = prev.snapshot();
             if self.store.is_fresh(&s, now) && s.topo.online.intersects(&allowed) {
-                let mut resp = self.pick_on(&prev, &r).await?;
+                let mut resp = self.pick_on(&prev, &r)?;
                 resp.cluster_level = "prev_node".into();
                 return Ok(resp);
             }
@@ -240,7 +240,7 @@ impl Placement {
             r.this_cpu = allowed.first_and(&snap.topo.online).unwrap_or(0) as u32;
         }
         r.kind = pb::RequestKind::Fork as i32;
-        let mut resp = self.pick_on(&node, &r).await?;
+        let mut resp = self.pick_on(&node, &r)?;
         resp.cluster_level = choice.level;
         resp.groups_compared = choice.compared;
         Ok(resp)

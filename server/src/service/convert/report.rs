@@ -130,29 +130,27 @@ fn core_cookies(u: &pb::Update) -> Result<Vec<u64>, FieldError> {
     if u.cpus.iter().all(|c| c.core_cookie == 0) {
         return Ok(Vec::new());
     }
-    let field = |k: usize| move |(f, msg)| err(format!("update.cpus[{k}].{f}"), msg);
-    u.cpus
-        .iter()
-        .enumerate()
-        .map(|(k, c)| CpuState::core_cookie_field(c.core_cookie).map_err(field(k)))
-        .collect()
+    let mut cookies = Vec::with_capacity(u.cpus.len());
+    for (k, c) in u.cpus.iter().enumerate() {
+        let v = CpuState::core_cookie_field(c.core_cookie)
+            .map_err(|(f, msg)| err(format!("update.cpus[{k}].{f}"), msg))?;
+        cookies.push(v);
+    }
+    Ok(cookies)
 }
 
 /// An agent's update: CPU states as reported (the store checks them against
 /// the topology), task lists and runtime with their fields checked here.
 pub fn update(u: &pb::Update, spec: &TopologySpec) -> Result<Update, FieldError> {
     let n = spec.cpus.len();
-    let cpus = u
-        .cpus
-        .iter()
-        .enumerate()
-        .map(|(k, c)| {
-            let cap = spec.cpus.get(c.id as usize).map_or(1024, |t| t.capacity);
-            let s =
-                cpu_state(c, cap).map_err(|(f, msg)| err(format!("update.cpus[{k}].{f}"), msg))?;
-            Ok((c.id, s))
-        })
-        .collect::<Result<_, FieldError>>()?;
+    // Sized up front: collecting into a Result would grow the vector from
+    // nothing, copying it at each doubling, on every report.
+    let mut cpus = Vec::with_capacity(u.cpus.len());
+    for (k, c) in u.cpus.iter().enumerate() {
+        let cap = spec.cpus.get(c.id as usize).map_or(1024, |t| t.capacity);
+        let s = cpu_state(c, cap).map_err(|(f, msg)| err(format!("update.cpus[{k}].{f}"), msg))?;
+        cpus.push((c.id, s));
+    }
     let mut tasks = Vec::with_capacity(u.tasks.len());
     for (k, l) in u.tasks.iter().enumerate() {
         let mut list = CpuTaskList {

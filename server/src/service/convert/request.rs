@@ -20,6 +20,21 @@ pub fn task(
     wakeup: bool,
     task_cpu: usize,
 ) -> Result<Task, FieldError> {
+    let mut task = Task::new(topo.nr_cpus, task_cpu);
+    task_into(t, topo, wakeup, task_cpu, &mut task)?;
+    Ok(task)
+}
+
+/// [`task`], written into `task` (every field): a task carries a 512-byte
+/// CPU mask, and a placement builds one per request, so it is built in place
+/// rather than moved out through each step.
+pub fn task_into(
+    t: Option<&pb::Task>,
+    topo: &Topology,
+    wakeup: bool,
+    task_cpu: usize,
+    task: &mut Task,
+) -> Result<(), FieldError> {
     let default = pb::Task::default();
     let t = t.unwrap_or(&default);
     let cpus = resolve::TaskCpus {
@@ -33,7 +48,7 @@ pub fn task(
             (false, Some(r)) => resolve::Recent::Cpu(cpu_in(topo, r, "task.recent_used_cpu")?),
         },
     };
-    let mut task = Task::new(topo.nr_cpus, task_cpu);
+    *task = Task::new(topo.nr_cpus, task_cpu);
     task.policy = policy(t.policy, "task.policy")?;
     if let Some(m) = cpulist(&t.cpus_allowed, topo, "task.cpus_allowed")? {
         task.cpus_allowed = m;
@@ -59,11 +74,13 @@ pub fn task(
     resolve::task(task, cpus, wakeup, task_cpu)
 }
 
-/// A PickCpu request against a snapshot.
+/// A PickCpu request against a snapshot; its task is written into `task`
+/// (see [`task_into`]).
 pub fn pick_request(
     r: &pb::PickCpuRequest,
     snap: &Snapshot,
-) -> Result<(Task, PlaceRequest), FieldError> {
+    task: &mut Task,
+) -> Result<PlaceRequest, FieldError> {
     let topo = &snap.topo;
     let kind = match pb::RequestKind::try_from(r.kind) {
         Ok(pb::RequestKind::Wakeup) => Kind::Wakeup,
@@ -86,8 +103,8 @@ pub fn pick_request(
     req.waker_is_per_cpu_kthread = w
         .is_per_cpu_kthread
         .unwrap_or(snap.state.cpus[this_cpu].curr_is_per_cpu_kthread);
-    let task = task(r.task.as_ref(), topo, kind == Kind::Wakeup, this_cpu)?;
-    Ok((task, req))
+    task_into(r.task.as_ref(), topo, kind == Kind::Wakeup, this_cpu, task)?;
+    Ok(req)
 }
 
 pub fn pick_response(p: &Placement, snap: &Snapshot, age_seconds: f64) -> pb::PickCpuResponse {
