@@ -251,11 +251,15 @@ async fn launch(
             }
         }
     }
+    // Caught from before the command exists: a signal that arrives once it
+    // does (the moment a caller can see its pid) is passed on, never lost
+    // between the spawn and the first wait.
+    let forward = Forwarded::install()?;
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("{}: {e}", PathBuf::from(program).display()))?;
     let name = PathBuf::from(program).display().to_string();
-    supervise(client, cpus, &mut child, &name).await
+    supervise(client, cpus, &mut child, &name, forward).await
 }
 
 /// In the child before it executes: the command dies (SIGKILL) with
@@ -417,6 +421,7 @@ async fn supervise(
     cpus: &Cpus,
     child: &mut tokio::process::Child,
     cmd: &str,
+    mut forward: Forwarded,
 ) -> Result<(std::process::ExitStatus, Option<(u64, bool)>), String> {
     let mut keeper = match (client, cpus) {
         (Some(_), Cpus::Lease { id, ttl_ms, .. }) => {
@@ -424,7 +429,6 @@ async fn supervise(
         }
         _ => None,
     };
-    let mut forward = Forwarded::install()?;
     let renewing = |k: &Option<Keeper>| k.as_ref().is_some_and(|k| !k.done);
     loop {
         tokio::select! {
