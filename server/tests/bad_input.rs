@@ -226,6 +226,22 @@ fn cpu_state_rules() {
         |v| v["cpus"][0]["actual_capacity"] = json!(2000),
         "cpus[0].actual_capacity",
     );
+    // Past 16 bits: refused where the compact layout narrows it.
+    rejects(
+        base,
+        |v| v["cpus"][0]["capacity"] = json!(70000),
+        "cpus[0].capacity",
+    );
+    rejects(
+        base,
+        |v| v["cpus"][0]["actual_capacity"] = json!(1u64 << 20),
+        "cpus[0].actual_capacity",
+    );
+    rejects(
+        base,
+        |v| v["cpus"][0]["idle_exit_latency"] = json!(u32::MAX),
+        "cpus[0].idle_exit_latency",
+    );
     rejects(
         base,
         |v| v["cpus"][0]["online"] = json!(1),

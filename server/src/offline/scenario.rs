@@ -640,9 +640,9 @@ fn parse_cpus(v: Option<&Value>, spec: &TopologySpec) -> Result<ParsedCpus, Fiel
         let signal = |k| o.int_or(k, i64::MIN, i64::MAX, 0);
         let field = |(f, msg)| FieldError::new(o.field(f), msg);
         let pelt = |k| CpuState::signal_field(k, signal(k)?).map_err(field);
-        let capacity = |k| {
+        let capacity = |k, lo| {
             let v = o.int_or(k, 0, u32::MAX as i64, cap as i64)? as u32;
-            CpuState::capacity_field(k, Some(v), cap).map_err(field)
+            CpuState::capacity_field(k, lo, Some(v), cap).map_err(field)
         };
         let nr = count("nr_running")?;
         cpus[id] = CpuState {
@@ -658,8 +658,8 @@ fn parse_cpus(v: Option<&Value>, spec: &TopologySpec) -> Result<ParsedCpus, Fiel
             runnable_avg: pelt("runnable_avg")?,
             util_avg: pelt("util_avg")?,
             util_est: pelt("util_est")?,
-            capacity: capacity("capacity")?,
-            actual_capacity: capacity("actual_capacity")?,
+            capacity: capacity("capacity", 1)?,
+            actual_capacity: capacity("actual_capacity", 0)?,
             idle_exit_latency: CpuState::exit_latency_field(
                 o.nullable_int("idle_exit_latency", 0, u32::MAX as i64)?
                     .flatten()

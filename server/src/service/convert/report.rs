@@ -79,9 +79,10 @@ pub fn cpu_state(c: &pb::CpuState, capacity_orig: u32) -> Result<CpuState, (&'st
         runnable_avg: signal("runnable_avg", c.runnable_avg)?,
         util_avg: signal("util_avg", c.util_avg)?,
         util_est: signal("util_est", c.util_est)?,
-        capacity: CpuState::capacity_field("capacity", c.capacity, capacity_orig)?,
+        capacity: CpuState::capacity_field("capacity", 1, c.capacity, capacity_orig)?,
         actual_capacity: CpuState::capacity_field(
             "actual_capacity",
+            0,
             c.actual_capacity,
             capacity_orig,
         )?,
