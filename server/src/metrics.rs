@@ -2,6 +2,10 @@
 //! (service and store) from what the engine returns. A leaf: what serves
 //! them (`exposition`) and what records them import this, not the reverse.
 
+mod decisions;
+
+use std::fmt::Write as _;
+
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -404,49 +408,32 @@ pub const STORE_RENDERED: [&str; 14] = [
     NODE_SIGNAL_SOURCE,
 ];
 
+pub use decisions::{record as record_decision, render as render_decisions};
+
+/// The families rendered from the decision tables ([`decisions`]) rather
+/// than by the recorder.
+pub const DECISION_RENDERED: [&str; 4] = [
+    DECISIONS,
+    DECISION_SCANNED,
+    DECISION_DURATION,
+    DECISION_STATE_AGE,
+];
+
+/// Writes one family rendered outside the recorder: its HELP and TYPE
+/// lines (from [`ALL`]), then `samples`.
+pub fn write_family(out: &mut String, name: &str, samples: &str) {
+    let (kind, help) = ALL
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, k, h)| (*k, *h))
+        .expect("every metric rendered outside the recorder is in metrics::ALL");
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    out.push_str(samples);
+    out.push('\n');
+}
+
 /// Records one task_cache_work pass.
-/// A decision's handles, by (kind, path): the registry lookups a
-/// `counter!`/`histogram!` with labels makes (hashing the key, cloning its
-/// labels) are done once per pair, the first time it occurs, not once per
-/// decision. Made lazily, so a pair that never occurs has no series.
-struct DecisionSlot {
-    decisions: metrics::Counter,
-    scanned: metrics::Histogram,
-}
-
-const NR_KINDS: usize = 3;
-const NR_PATHS: usize = crate::engine::decision::Path::ALL.len();
-
-static DECISION_SLOTS: [[std::sync::OnceLock<DecisionSlot>; NR_PATHS]; NR_KINDS] =
-    [const { [const { std::sync::OnceLock::new() }; NR_PATHS] }; NR_KINDS];
-static DECISION_DURATIONS: [std::sync::OnceLock<metrics::Histogram>; NR_KINDS] =
-    [const { std::sync::OnceLock::new() }; NR_KINDS];
-static DECISION_AGE: std::sync::OnceLock<metrics::Histogram> = std::sync::OnceLock::new();
-
-/// One placement decision: counted by kind and path, with the CPUs it
-/// scanned, how long it took (s) and the age of the state it read (s).
-pub fn record_decision(
-    kind: crate::engine::decision::Kind,
-    path: crate::engine::decision::Path,
-    scanned: u32,
-    took: f64,
-    age: f64,
-) {
-    let (k, p) = (kind.as_str(), path.as_str());
-    let slot = DECISION_SLOTS[kind as usize][path as usize].get_or_init(|| DecisionSlot {
-        decisions: metrics::counter!(DECISIONS, "kind" => k, "path" => p),
-        scanned: metrics::histogram!(DECISION_SCANNED, "kind" => k, "path" => p),
-    });
-    slot.decisions.increment(1);
-    slot.scanned.record(scanned as f64);
-    DECISION_DURATIONS[kind as usize]
-        .get_or_init(|| metrics::histogram!(DECISION_DURATION, "kind" => k))
-        .record(took);
-    DECISION_AGE
-        .get_or_init(|| metrics::histogram!(DECISION_STATE_AGE))
-        .record(age);
-}
-
 pub fn record_cache_scan(r: &crate::engine::cache::ScanReport) {
     let s = r.strategy.as_str();
     metrics::histogram!(CACHE_SCAN_CPUS, "strategy" => s).record(r.scanned as f64);
@@ -546,8 +533,6 @@ fn builder() -> Result<PrometheusBuilder, String> {
         b.set_buckets_for_metric(Matcher::Full(m.to_string()), buckets)
             .map_err(|e| e.to_string())
     };
-    let b = set(b, DECISION_SCANNED, &SCANNED_BUCKETS)?;
-    let b = set(b, DECISION_DURATION, &LATENCY_BUCKETS)?;
     let b = set(b, RPC_DURATION, &LATENCY_BUCKETS)?;
     let b = set(b, REPORT_APPLY_DURATION, &LATENCY_BUCKETS)?;
     let b = set(b, CLUSTER_GROUPS_COMPARED, &SCANNED_BUCKETS)?;
@@ -555,15 +540,14 @@ fn builder() -> Result<PrometheusBuilder, String> {
     let b = set(b, BALANCE_DURATION, &LATENCY_BUCKETS)?;
     let b = set(b, LEASE_COMMIT_SECONDS, &COMMIT_BUCKETS)?;
     let b = set(b, LEASE_COMMIT_BATCHES, &SCANNED_BUCKETS)?;
-    let b = set(b, REPLICA_ETCD_SECONDS, &COMMIT_BUCKETS)?;
-    set(b, DECISION_STATE_AGE, &AGE_BUCKETS)
+    set(b, REPLICA_ETCD_SECONDS, &COMMIT_BUCKETS)
 }
 
 /// Help text; must run after the recorder is installed, or it is dropped.
-/// (The store-rendered metrics write their own.)
+/// (The store-rendered and decision metrics write their own.)
 fn describe() {
     for (name, kind, help) in ALL {
-        if STORE_RENDERED.contains(&name) {
+        if STORE_RENDERED.contains(&name) || DECISION_RENDERED.contains(&name) {
             continue;
         }
         let unit = if name.ends_with("_seconds") {

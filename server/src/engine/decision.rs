@@ -11,6 +11,9 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind, in the order of its index (`kind as usize`).
+    pub const ALL: [Kind; 3] = [Kind::Wakeup, Kind::Fork, Kind::Exec];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Wakeup => "wakeup",
@@ -19,6 +22,20 @@ impl Kind {
         }
     }
 }
+
+// Tables indexed by kind or path (`kind as usize`) rely on ALL's order.
+const _: () = {
+    let mut i = 0;
+    while i < Kind::ALL.len() {
+        assert!(Kind::ALL[i] as usize == i);
+        i += 1;
+    }
+    let mut i = 0;
+    while i < Path::ALL.len() {
+        assert!(Path::ALL[i] as usize == i);
+        i += 1;
+    }
+};
 
 /// A wakeup, fork or exec, with what the kernel knows of the waker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -105,6 +105,7 @@ impl Exposition {
     /// The whole `/metrics` page.
     fn render(&self) -> String {
         let mut out = self.handle.render();
+        m::render_decisions(&mut out);
         render_store(Some(&self.store), Instant::now(), &mut out);
         out
     }
@@ -305,15 +306,7 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
     let _ = writeln!(fam[2], "{} {leases}", m::LEASES_OUTSTANDING);
     let _ = writeln!(fam[3], "{} {leased}", m::CPUS_LEASED);
     for (name, samples) in m::STORE_RENDERED.iter().zip(&fam) {
-        let (kind, help) = m::ALL
-            .iter()
-            .find(|(n, _, _)| n == name)
-            .map(|(_, k, h)| (*k, *h))
-            .expect("every store-rendered metric is in metrics::ALL");
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        out.push_str(samples);
-        out.push('\n');
+        m::write_family(out, name, samples);
     }
 }
 

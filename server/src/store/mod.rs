@@ -256,7 +256,7 @@ pub struct Node {
     /// Placement decisions made on this node, by request kind (wakeup,
     /// fork, exec): `fairplace_node_decisions_total`, rendered at scrape
     /// time so the series go with the node.
-    decisions: [AtomicU64; 3],
+    decisions: [AtomicU64; Kind::ALL.len()],
 }
 
 /// A node's cache-aware state and the LLC map it was built for.
@@ -280,12 +280,12 @@ impl Node {
 
     /// Counts one placement decision made on this node.
     pub fn count_decision(&self, kind: Kind) {
-        self.decisions[kind_index(kind)].fetch_add(1, Ordering::Relaxed);
+        self.decisions[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Decisions made on this node so far, by request kind.
     pub fn decisions(&self) -> [(Kind, u64); 3] {
-        KINDS.map(|k| (k, self.decisions[kind_index(k)].load(Ordering::Relaxed)))
+        Kind::ALL.map(|k| (k, self.decisions[k as usize].load(Ordering::Relaxed)))
     }
 
     pub fn last_seq(&self) -> u64 {
@@ -293,16 +293,6 @@ impl Node {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .last_seq
-    }
-}
-
-const KINDS: [Kind; 3] = [Kind::Wakeup, Kind::Fork, Kind::Exec];
-
-fn kind_index(k: Kind) -> usize {
-    match k {
-        Kind::Wakeup => 0,
-        Kind::Fork => 1,
-        Kind::Exec => 2,
     }
 }
 
