@@ -387,8 +387,13 @@ impl Client {
 
     /// The no-op call (the framework's own cost, for benchmarks).
     pub async fn ping(&self) -> Result<(), Status> {
-        let mut c = self.admin.clone();
-        c.ping(self.request(pb::PingRequest {})).await.map(|_| ())
+        self.retry(|| {
+            let mut c = self.admin.clone();
+            let r = self.request(pb::PingRequest {});
+            async move { c.ping(r).await }
+        })
+        .await
+        .map(|_| ())
     }
 }
 
