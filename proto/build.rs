@@ -23,6 +23,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out.join("fairplace_descriptor.bin"), fds.encode_to_vec())?;
     tonic_prost_build::configure()
         .codec_path("crate::codec::LeanCodec")
+        // A selector is read in key order, so an error names the same bad
+        // key every time; and an empty BTreeMap is made without a hasher's
+        // seed, on every PickCpu.
+        .btree_map(".fairplace.v1.PickCpuRequest.selector")
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;

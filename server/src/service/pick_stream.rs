@@ -100,7 +100,11 @@ impl State {
             self.idle.as_mut().reset(now + IDLE);
             self.idle_set = now;
         }
-        let result = match self.me.pick_one(&self.caller, &self.ext, r).await {
+        let answer = match self.me.pick_one(&self.caller, &self.ext, r) {
+            Ok(picked) => picked.answer().await,
+            Err(s) => Err(s),
+        };
+        let result = match answer {
             Ok(resp) => pb::pick_cpus_answer::Result::Ok(resp),
             Err(s) => pb::pick_cpus_answer::Result::Error(pb::PickError {
                 code: s.code() as i32,

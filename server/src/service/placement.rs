@@ -46,33 +46,44 @@ pub struct Placement {
 impl Placement {
     /// One PickCpu, unary or on a PickCpus stream: here, or at the node's
     /// owner when another replica holds it.
-    pub(super) async fn pick_one(
-        &self,
-        caller: &Caller,
-        ext: &http::Extensions,
+    /// One PickCpu, as the unary call and each PickCpus request answer it.
+    ///
+    /// A placement on a node this replica holds is decided at once, with no
+    /// await: the caller's future then holds no more than the request.
+    /// A forward to the node's owner and the cluster path await, and are
+    /// boxed where they are taken: their states (a gRPC client call, the
+    /// cluster walk) are kilobytes, and every call's future, which the
+    /// server boxes and moves, would otherwise carry them.
+    pub(super) fn pick_one<'a>(
+        &'a self,
+        caller: &'a Caller,
+        ext: &'a http::Extensions,
         r: pb::PickCpuRequest,
-    ) -> Result<pb::PickCpuResponse, Status> {
-        // The forward and the cluster path are boxed: their states (a gRPC
-        // client call, the cluster walk) are kilobytes, and every call's
-        // future, which the server boxes and moves, would carry them.
+    ) -> Result<Picked<'a>, Status> {
         if let Some((rep, m)) = self.peer_for(&r.node_id, ext)? {
             let mut c = rep.placement(&m)?;
             let forward =
                 route::forward("PickCpu", caller, r, |q| async move { c.pick_cpu(q).await });
-            return Box::pin(forward).await.map(Response::into_inner);
+            return Ok(Picked::Later(Box::pin(async move {
+                forward.await.map(Response::into_inner)
+            })));
         }
-        let claim = r.claim;
-        let resp = if !r.node_id.is_empty() {
-            let node = super::registered_node(&self.store, &r.node_id)?;
-            self.pick_on(&node, &r)?
-        } else {
-            Box::pin(self.pick_on_cluster(caller, r)).await?
-        };
-        // A claim made through another replica is counted at its owner.
-        if claim && self.store.get(&resp.node_id).is_some() {
+        if r.node_id.is_empty() {
+            let claim = r.claim;
+            return Ok(Picked::Later(Box::pin(async move {
+                let resp = self.pick_on_cluster(caller, r).await?;
+                if claim {
+                    count_claim_here(&self.store, caller, &resp);
+                }
+                Ok(resp)
+            })));
+        }
+        let node = super::registered_node(&self.store, &r.node_id)?;
+        let resp = self.pick_on(&node, &r)?;
+        if r.claim {
             count_claims(caller, 1);
         }
-        Ok(resp)
+        Ok(Picked::Now(resp))
     }
 
     /// The peer that answers a call for `node`, if not this replica.
@@ -352,7 +363,8 @@ impl PlacementService for Placement {
     ) -> Result<Response<pb::PickCpuResponse>, Status> {
         let (_, ext, r) = req.into_parts();
         let caller = Caller::of(&ext);
-        self.pick_one(&caller, &ext, r).await.map(Response::new)
+        let picked = self.pick_one(&caller, &ext, r)?;
+        picked.answer().await.map(Response::new)
     }
 
     type PickCpusStream = Answers;
@@ -538,6 +550,30 @@ impl PlacementService for Placement {
 }
 
 /// Claims made, attributed to the caller's certificate name.
+/// A PickCpu's answer: decided at once, or a boxed wait for it.
+pub(super) enum Picked<'a> {
+    Now(pb::PickCpuResponse),
+    Later(std::pin::Pin<Box<dyn Future<Output = Result<pb::PickCpuResponse, Status>> + Send + 'a>>),
+}
+
+impl Picked<'_> {
+    pub(super) async fn answer(self) -> Result<pb::PickCpuResponse, Status> {
+        match self {
+            Picked::Now(resp) => Ok(resp),
+            Picked::Later(wait) => wait.await,
+        }
+    }
+}
+
+/// A cluster path claim is counted here when the chosen node is
+/// this replica's (one made through another replica is counted at its
+/// owner).
+fn count_claim_here(store: &Store, caller: &Caller, resp: &pb::PickCpuResponse) {
+    if store.get(&resp.node_id).is_some() {
+        count_claims(caller, 1);
+    }
+}
+
 pub(super) fn count_claims(caller: &Caller, n: usize) {
     if n > 0 {
         metrics::counter!(m::CLAIMS_BY_CALLER, "caller" => caller.claimant()).increment(n as u64);

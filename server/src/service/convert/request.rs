@@ -187,9 +187,10 @@ pub fn migrate_response(m: &MigrateDecision, snap: &Snapshot) -> pb::CanMigrateR
 }
 
 /// A cluster pick's selector: only the hierarchy's own labels select
-/// (INVALID_ARGUMENT naming `selector.KEY` otherwise), in key order.
+/// (INVALID_ARGUMENT naming the first other `selector.KEY` otherwise), in
+/// key order.
 pub fn selector(
-    given: &std::collections::HashMap<String, String>,
+    given: &std::collections::BTreeMap<String, String>,
     cluster: &crate::store::cluster::ClusterConfig,
 ) -> Result<Vec<(String, String)>, tonic::Status> {
     let levels: Vec<&str> = cluster.levels.iter().map(|l| l.label.as_str()).collect();
@@ -204,6 +205,5 @@ pub fn selector(
         }
         out.push((k.clone(), v.clone()));
     }
-    out.sort();
     Ok(out)
 }
