@@ -79,10 +79,11 @@ impl Placement {
             })));
         }
         let node = super::registered_node(&self.store, &r.node_id)?;
-        let resp = self.pick_on(&node, &r)?;
+        let mut resp = self.pick_on(&node, &r)?;
         if r.claim {
             count_claims(caller, 1);
         }
+        resp.node_id = r.node_id;
         Ok(Picked::Now(resp))
     }
 
@@ -126,7 +127,9 @@ impl Placement {
     }
 
     /// A placement on one node, against its live state; with `claim`, decided
-    /// again until the claim commits on the snapshot it was decided on.
+    /// again until the claim commits on the snapshot it was decided on. The
+    /// answer's `node_id` is the caller's to set (a named node's is the
+    /// request's own string, moved, not copied).
     fn pick_on(&self, node: &Node, r: &pb::PickCpuRequest) -> Result<pb::PickCpuResponse, Status> {
         let mut attempt = 0;
         let mut task = crate::engine::state::Task::new(1, 0);
@@ -156,13 +159,10 @@ impl Placement {
                 record_decision(node, &preq, &p, took, age);
                 let mut resp = convert::pick_response(&p, &node.snapshot(), age);
                 resp.state_version = version;
-                resp.node_id = node.id.clone();
                 return Ok(resp);
             }
             record_decision(node, &preq, &p, took, age);
-            let mut resp = convert::pick_response(&p, &snap, age);
-            resp.node_id = node.id.clone();
-            return Ok(resp);
+            return Ok(convert::pick_response(&p, &snap, age));
         }
     }
 
@@ -197,6 +197,7 @@ impl Placement {
             let s = prev.snapshot();
             if self.store.is_fresh(&s, now) && s.topo.online.intersects(&allowed) {
                 let mut resp = self.pick_on(&prev, &r)?;
+                resp.node_id = prev.id.clone();
                 resp.cluster_level = "prev_node".into();
                 return Ok(resp);
             }
@@ -252,6 +253,7 @@ impl Placement {
         }
         r.kind = pb::RequestKind::Fork as i32;
         let mut resp = self.pick_on(&node, &r)?;
+        resp.node_id = node.id.clone();
         resp.cluster_level = choice.level;
         resp.groups_compared = choice.compared;
         Ok(resp)
