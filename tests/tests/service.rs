@@ -778,15 +778,43 @@ fn the_client_retries_while_the_server_is_unavailable() {
             std::thread::sleep(Duration::from_millis(150));
             Server::start(&["--grpc-addr", &format!("127.0.0.1:{port}")])
         });
-        // 20 + 40 + 80 + 160 + 320 ms of backoff cover the server's start.
+        // 20 + 40 + 80 + 160 + 320 ms of backoff cover the server's start;
+        // Ping retries as every other call does.
         c.attempts = 8;
-        let nodes = c
-            .list_nodes()
-            .await
-            .expect("retried until the server came up");
+        c.ping().await.expect("retried until the server came up");
+        let nodes = c.list_nodes().await.expect("the server is up");
         assert!(nodes.is_empty());
         drop(starter.join().unwrap());
     });
+}
+
+#[test]
+fn a_hung_server_answers_no_client_call_past_its_deadline() {
+    // A peer that completes TCP handshakes (the kernel's backlog) and never
+    // answers: a hung server.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = hung.local_addr().unwrap().to_string();
+    rt().block_on(async {
+        let mut c = Client::connect_lazy(&addr).unwrap();
+        c.deadline = Duration::from_millis(300);
+        c.attempts = 1;
+        // The channel applies the request's grpc-timeout itself (CANCELLED,
+        // "Timeout expired") at the instant the client's own timer does
+        // (DEADLINE_EXCEEDED); either ends the call.
+        let ended =
+            |s: &tonic::Status| matches!(s.code(), Code::DeadlineExceeded | Code::Cancelled);
+        let ping = tokio::time::timeout(Duration::from_secs(10), c.ping())
+            .await
+            .expect("Ping came back on its own")
+            .unwrap_err();
+        assert!(ended(&ping), "{ping:?}");
+        let list = tokio::time::timeout(Duration::from_secs(10), c.list_nodes())
+            .await
+            .expect("ListNodes came back on its own")
+            .unwrap_err();
+        assert!(ended(&list), "{list:?}");
+    });
+    drop(hung);
 }
 
 #[test]
@@ -839,6 +867,17 @@ fn pick_cpu_without_a_node_places_on_the_cluster() {
         let e = c.pick_cpu(bad).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
         assert!(e.message().starts_with("selector.gpu:"), "{}", e.message());
+        // Two bad keys: the first in key order is named, every time.
+        for _ in 0..8 {
+            let mut two = req.clone();
+            two.selector = [
+                ("zone_x".to_string(), "1".to_string()),
+                ("gpu".to_string(), "yes".to_string()),
+            ]
+            .into();
+            let e = c.pick_cpu(two).await.unwrap_err();
+            assert!(e.message().starts_with("selector.gpu:"), "{}", e.message());
+        }
         // A wakeup naming its previous node stays there while it is fresh.
         let w = pb::PickCpuRequest {
             kind: pb::RequestKind::Wakeup as i32,
