@@ -46,7 +46,6 @@ pub struct Placement {
 impl Placement {
     /// One PickCpu, unary or on a PickCpus stream: here, or at the node's
     /// owner when another replica holds it.
-    /// One PickCpu, as the unary call and each PickCpus request answer it.
     ///
     /// A placement on a node this replica holds is decided at once, with no
     /// await: the caller's future then holds no more than the request.
@@ -551,7 +550,6 @@ impl PlacementService for Placement {
     }
 }
 
-/// Claims made, attributed to the caller's certificate name.
 /// A PickCpu's answer: decided at once, or a boxed wait for it.
 pub(super) enum Picked<'a> {
     Now(pb::PickCpuResponse),
@@ -576,6 +574,7 @@ fn count_claim_here(store: &Store, caller: &Caller, resp: &pb::PickCpuResponse) 
     }
 }
 
+/// Claims made, attributed to the caller's certificate name.
 pub(super) fn count_claims(caller: &Caller, n: usize) {
     if n > 0 {
         metrics::counter!(m::CLAIMS_BY_CALLER, "caller" => caller.claimant()).increment(n as u64);
