@@ -72,28 +72,26 @@ fn store() -> Store {
     })
 }
 
-#[test]
-fn a_node_without_core_scheduling_holds_no_cookie_table() {
+/// A store with node "n" registered and its first full report, cookies
+/// `first` by CPU, applied.
+fn reported(first: [u64; 4]) -> (Store, Arc<Node>, u64) {
     let s = store();
     let (n, g) = node(&s);
-    apply(&s, &n, g, 1, true, (0..4).map(|i| cpu(i, 0)).collect()).unwrap();
+    let cpus = (0..4).map(|i| cpu(i, first[i as usize])).collect();
+    apply(&s, &n, g, 1, true, cpus).unwrap();
+    (s, n, g)
+}
+
+#[test]
+fn a_node_without_core_scheduling_holds_no_cookie_table() {
+    let (_s, n, _) = reported([0; 4]);
     assert!(n.snapshot().state.core_cookies.is_empty());
     assert_eq!(cookies(&n), [0, 0, 0, 0]);
 }
 
 #[test]
 fn cookies_are_kept_per_cpu_until_a_report_clears_them() {
-    let s = store();
-    let (n, g) = node(&s);
-    apply(
-        &s,
-        &n,
-        g,
-        1,
-        true,
-        vec![cpu(0, 7), cpu(1, 0), cpu(2, 9), cpu(3, 0)],
-    )
-    .unwrap();
+    let (s, n, g) = reported([7, 0, 9, 0]);
     assert_eq!(cookies(&n), [7, 0, 9, 0]);
     // A delta without cookies clears only the CPUs it lists.
     apply(&s, &n, g, 2, false, vec![cpu(0, 0)]).unwrap();
@@ -114,17 +112,7 @@ fn cookies_are_kept_per_cpu_until_a_report_clears_them() {
 
 #[test]
 fn an_offline_cpu_has_no_cookie() {
-    let s = store();
-    let (n, g) = node(&s);
-    apply(
-        &s,
-        &n,
-        g,
-        1,
-        true,
-        vec![cpu(0, 7), cpu(1, 7), cpu(2, 9), cpu(3, 9)],
-    )
-    .unwrap();
+    let (s, n, g) = reported([7, 7, 9, 9]);
     let mut off = cpu(3, 0);
     off.online = false;
     off.nr_running = 0;
@@ -134,17 +122,7 @@ fn an_offline_cpu_has_no_cookie() {
 
 #[test]
 fn an_out_of_range_cookie_is_refused_by_name_and_changes_nothing() {
-    let s = store();
-    let (n, g) = node(&s);
-    apply(
-        &s,
-        &n,
-        g,
-        1,
-        true,
-        vec![cpu(0, 7), cpu(1, 0), cpu(2, 0), cpu(3, 0)],
-    )
-    .unwrap();
+    let (s, n, g) = reported([7, 0, 0, 0]);
     let before = n.snapshot().version;
     let Err(Reject::Invalid(e)) = apply(&s, &n, g, 2, false, vec![cpu(1, 3), cpu(2, u64::MAX)])
     else {
