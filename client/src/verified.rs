@@ -79,7 +79,7 @@ impl ServerCertVerifier for ServerRoleVerifier {
 
 /// The rustls client configuration of `tls` (its files as they are now)
 /// with the server-role check for `trust_domain`.
-fn client_config(tls: &TlsOptions, trust_domain: &str) -> Result<ClientConfig, String> {
+pub fn client_config(tls: &TlsOptions, trust_domain: &str) -> Result<ClientConfig, String> {
     let ca = tls
         .ca
         .as_ref()

@@ -4,7 +4,10 @@
 //! then one of:
 //! - `rpc`: PickCpu against a 128-CPU node, and in the same run the no-op
 //!   AdminService.Ping (the framework's own limit), with many concurrent
-//!   callers over several connections; throughput and p50/p99/p99.9. With
+//!   callers over several connections; throughput and p50/p99/p99.9. The
+//!   unary calls come from a raw HTTP/2 caller (`wire.rs`: pre-framed
+//!   requests, so the generator costs little and the server is the
+//!   bottleneck), or with `--caller client` from the client library. With
 //!   `--transport mtls` over mutual TLS (a PKI made here, an orchestrator
 //!   certificate), with `both` plaintext then mutual TLS in one run.
 //! - `ingest`: many nodes stream deltas as fast as the server acks them;
@@ -41,6 +44,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
+#[path = "fairplace-load/wire.rs"]
+mod wire;
+
 #[derive(Parser)]
 #[command(
     name = "fairplace-load",
@@ -75,6 +81,13 @@ enum Cmd {
         /// plain, mtls, or both (plaintext, then mutual TLS, same run).
         #[arg(long, default_value = "plain", value_parser = ["plain", "mtls", "both"])]
         transport: String,
+        /// Who makes the unary calls: `raw`, pre-framed requests on hyper's
+        /// HTTP/2 client (the server's own cost, the generator out of the
+        /// way), or `client`, the fairplace client library (what an
+        /// orchestrator using it sees; the generator then costs about as
+        /// much per call as the server and shares the bottleneck).
+        #[arg(long, default_value = "raw", value_parser = ["raw", "client"])]
+        caller: String,
     },
     /// AllocateCpus followed by its ReleaseCpus against the no-op Ping, on
     /// a server whose leases live in memory and on one that commits them
@@ -571,14 +584,15 @@ fn memory_in_process(nodes: usize, cpus: u32) {
 /// `concurrency` callers spread over the clients call `call` back to back
 /// for `seconds`; returns the latencies of the calls that succeeded, the
 /// failures and the phase's length in seconds.
-async fn run_phase<F, Fut>(
-    clients: &[Client],
+async fn run_phase<C, F, Fut>(
+    clients: &[C],
     concurrency: usize,
     seconds: u64,
     call: F,
 ) -> (Histogram<u64>, u64, f64)
 where
-    F: Fn(Client, usize) -> Fut + Send + Sync + Clone + 'static,
+    C: Clone + Send + 'static,
+    F: Fn(C, usize) -> Fut + Send + Sync + Clone + 'static,
     Fut: std::future::Future<Output = bool> + Send,
 {
     let stop = Arc::new(AtomicBool::new(false));
@@ -681,21 +695,23 @@ async fn main() {
             concurrency,
             claim,
             transport,
+            caller,
         } => {
+            let shape = RpcShape {
+                seconds,
+                connections,
+                concurrency,
+                claim,
+                raw: caller == "raw",
+            };
             let mut runs = vec![];
             if transport != "mtls" {
-                runs.push((
-                    "plaintext",
-                    rpc(&server, seconds, connections, concurrency, claim).await,
-                ));
+                runs.push(("plaintext", rpc(&server, &shape).await));
             }
             drop(server);
             if transport != "plain" {
                 let tls = Server::start_mtls(&args.server_cpus, args.server_threads);
-                runs.push((
-                    "mutual TLS",
-                    rpc(&tls, seconds, connections, concurrency, claim).await,
-                ));
+                runs.push(("mutual TLS", rpc(&tls, &shape).await));
             }
             if let [(_, plain), (_, tls)] = runs.as_slice() {
                 println!("# same run: mutual TLS / plaintext");
@@ -871,21 +887,54 @@ struct RpcResult {
     stream: (f64, f64),
 }
 
-async fn rpc(
-    server: &Server,
+/// What an `rpc` run does.
+struct RpcShape {
     seconds: u64,
     connections: usize,
     concurrency: usize,
     claim: bool,
-) -> RpcResult {
+    /// Unary calls from [`wire::Caller`], not the client library.
+    raw: bool,
+}
+
+async fn rpc(server: &Server, shape: &RpcShape) -> RpcResult {
+    let RpcShape {
+        seconds,
+        connections,
+        concurrency,
+        claim,
+        raw,
+    } = *shape;
     let _reporter = load_node(server.node_channel().await).await;
     let clients = clients(server, connections).await;
+    let mut callers = Vec::new();
+    if raw {
+        let tls = server.tls.as_ref().map(|(_, orch, _)| orch);
+        for _ in 0..connections {
+            callers.push(wire::Caller::connect(&server.grpc, tls).await);
+        }
+    }
+    // Caller i's request, framed once (the raw caller sends it as is).
+    let requests: Arc<Vec<pb::PickCpuRequest>> = Arc::new(
+        (0..concurrency)
+            .map(|i| pb::PickCpuRequest {
+                claim,
+                ..wakeup_on_load(i)
+            })
+            .collect(),
+    );
+    let framed: Arc<Vec<wire::Bytes>> = Arc::new(requests.iter().map(wire::frame).collect());
     println!(
-        "# fairplace-load rpc ({}): {connections} connections, {concurrency} callers, {seconds} s per phase (ping and pick_cpu in alternating 1 s slices)",
+        "# fairplace-load rpc ({}, {}): {connections} connections, {concurrency} callers, {seconds} s per phase (ping and pick_cpu in alternating 1 s slices)",
         if server.tls.is_some() {
             "mutual TLS"
         } else {
             "plaintext"
+        },
+        if raw {
+            "raw HTTP/2 caller"
+        } else {
+            "client library"
         }
     );
     // The two phases alternate in one-second slices (ping first in even
@@ -904,15 +953,27 @@ async fn rpc(
         .collect();
     for round in 0..seconds.max(1) {
         for k in [round as usize % 2, 1 - round as usize % 2] {
-            let phase = PHASES[k];
-            let (all, errors, secs) = run_phase(&clients, concurrency, 1, move |c, i| {
-                let req = pb::PickCpuRequest {
-                    claim,
-                    ..wakeup_on_load(i)
-                };
-                ping_or_pick(c, phase, req)
-            })
-            .await;
+            let ping = PHASES[k] == "ping";
+            let (all, errors, secs) = if raw {
+                let framed = Arc::clone(&framed);
+                run_phase(&callers, concurrency, 1, move |mut c: wire::Caller, i| {
+                    let req = framed[i].clone();
+                    async move {
+                        if ping {
+                            c.ping().await
+                        } else {
+                            c.pick_cpu(req, 128).await
+                        }
+                    }
+                })
+                .await
+            } else {
+                let requests = Arc::clone(&requests);
+                run_phase(&clients, concurrency, 1, move |c, i| {
+                    ping_or_pick(c, PHASES[k], requests[i].clone())
+                })
+                .await
+            };
             acc[k].0.add(&all).unwrap();
             acc[k].1 += errors;
             acc[k].2 += secs;
