@@ -11,6 +11,8 @@
 
 use std::marker::PhantomData;
 
+use prost::bytes::{BufMut, Bytes, BytesMut};
+
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::ProstEncoder;
@@ -63,4 +65,19 @@ impl<U: prost::Message + Default> Decoder for LeanDecoder<U> {
     fn buffer_settings(&self) -> BufferSettings {
         BufferSettings::new(BUFFER, YIELD_THRESHOLD)
     }
+}
+
+/// The bytes of gRPC's length prefix: a compressed flag and a big-endian
+/// length.
+pub const PREFIX: usize = 5;
+
+/// One message in gRPC's framing (uncompressed), in a buffer of exactly
+/// its size.
+pub fn frame(msg: &impl prost::Message) -> Bytes {
+    let len = msg.encoded_len();
+    let mut b = BytesMut::with_capacity(PREFIX + len);
+    b.put_u8(0);
+    b.put_u32(len as u32);
+    msg.encode(&mut b).expect("capacity reserved");
+    b.freeze()
 }

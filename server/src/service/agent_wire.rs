@@ -17,7 +17,8 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
+use fairplace_proto::codec::{PREFIX, frame};
 use fairplace_proto::v1 as pb;
 use http_body::{Body as _, Frame};
 use prost::Message;
@@ -28,9 +29,6 @@ use super::ack_queue::AckRx;
 
 /// The one method AgentService has.
 pub const REPORT_PATH: &str = "/fairplace.v1.AgentService/Report";
-
-/// gRPC's message prefix: the compressed flag and the length.
-const PREFIX: usize = 5;
 
 /// Why a request cannot open a Report stream (wrong method, compressed
 /// messages), as the status to answer; `None` when it can.
@@ -173,7 +171,7 @@ impl http_body::Body for AckBody {
             return Poll::Ready(None);
         }
         let status = match ready!(self.acks.poll_recv(cx)) {
-            Some(Ok(ack)) => return Poll::Ready(Some(Ok(Frame::data(encode(&*ack))))),
+            Some(Ok(ack)) => return Poll::Ready(Some(Ok(Frame::data(frame(&*ack))))),
             Some(Err(s)) => *s,
             None => Status::ok(""),
         };
@@ -192,23 +190,13 @@ impl http_body::Body for AckBody {
     }
 }
 
-/// One message in gRPC's framing, in a buffer of exactly its size.
-fn encode(msg: &impl Message) -> Bytes {
-    let len = msg.encoded_len();
-    let mut b = BytesMut::with_capacity(PREFIX + len);
-    b.put_u8(0);
-    b.put_u32(len as u32);
-    msg.encode(&mut b).expect("capacity reserved");
-    b.freeze()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
     fn framed(msgs: &[pb::AgentMessage]) -> Vec<u8> {
-        msgs.iter().flat_map(|m| encode(m).to_vec()).collect()
+        msgs.iter().flat_map(|m| frame(m).to_vec()).collect()
     }
 
     fn body_of(chunks: Vec<Vec<u8>>) -> Body {

@@ -15,12 +15,11 @@
 
 use std::sync::Arc;
 
+pub use fairplace_proto::codec::frame;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
-use prost::bytes::{BufMut, BytesMut};
-
 pub use prost::bytes::Bytes;
 
 use fairplace_client::{TlsOptions, pb};
@@ -36,15 +35,6 @@ struct PickCheck {
     cpu: u32,
     #[prost(uint64, tag = "4")]
     state_version: u64,
-}
-
-/// `msg` as one gRPC length-prefixed frame (uncompressed).
-pub fn frame(msg: &impl Message) -> Bytes {
-    let mut b = BytesMut::with_capacity(5 + msg.encoded_len());
-    b.put_u8(0);
-    b.put_u32(msg.encoded_len() as u32);
-    msg.encode(&mut b).expect("room for the message");
-    b.freeze()
 }
 
 /// One HTTP/2 connection's caller.
