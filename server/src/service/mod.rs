@@ -12,6 +12,7 @@ pub mod exposition;
 pub mod heavy;
 pub mod identity;
 pub mod layers;
+mod lean;
 pub mod lease_hub;
 pub mod listener;
 pub mod peers;
@@ -205,14 +206,15 @@ pub async fn serve_replicated(
     // Flips to true when shutdown begins: Report streams end on it.
     let (stopping_tx, stopping) = watch::channel(false);
     let hub = Arc::new(lease_hub::LeaseHub::default());
-    let placement = PlacementServiceServer::new(placement::Placement {
+    let placement = placement::Placement {
         store: Arc::clone(&store),
         heavy: heavy.clone(),
         hub: Arc::clone(&hub),
         replicated: replicated.clone(),
         stopping: stopping.clone(),
-    })
-    .max_decoding_message_size(max);
+    };
+    let lean = lean::LeanLayer::new(placement.clone(), max);
+    let placement = PlacementServiceServer::new(placement).max_decoding_message_size(max);
     let agent = agent::AgentServer::new(
         agent::Agent {
             store: Arc::clone(&store),
@@ -253,7 +255,9 @@ pub async fn serve_replicated(
         .layer(layers::ShedLayer::new(
             cfg.max_concurrency,
             cfg.heavy_workers + cfg.heavy_queue,
-        ));
+        ))
+        // Innermost: PickCpu and Ping straight from their one DATA frame.
+        .layer(lean);
     let health_on_stop = health.clone();
     let ready_on_stop = cfg.ready.clone();
     // TLS material is checked before anything is served; a bad file stops
