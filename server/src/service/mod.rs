@@ -192,14 +192,8 @@ pub async fn serve_replicated(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let (health, health_service) = serving_health().await;
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(fairplace_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(fairplace_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
 
     let max = cfg.max_message_bytes;
     let heavy = heavy::HeavyPool::new(cfg.heavy_workers, cfg.heavy_queue);
@@ -345,6 +339,14 @@ pub async fn serve_replicated(
         h.abort();
     }
     result
+}
+
+/// Server reflection over the API and health protocols (both versions of
+/// the reflection protocol are served: grpcurl and older tools differ).
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(fairplace_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 
 /// The health service, every API service SERVING.
