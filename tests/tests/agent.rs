@@ -4,16 +4,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use fairplace_client::Client;
-use fairplace_e2e::{Agent, Server, bin, cli, http_get, pb, scenario_of, wait_for};
+use fairplace_e2e::{Agent, Server, bin, cli, http_get, pb, rt, scenario_of, wait_for};
 use serde_json::{Value, json};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Waits until `node` has applied at least `seq`, and returns its view.
 async fn reported(c: &Client, node: &str, seq: u64) -> pb::GetNodeResponse {

@@ -8,16 +8,8 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use fairplace_client::Client;
-use fairplace_e2e::{Reporter, Server, bin, http_get, pb, states, topology, wait_for};
+use fairplace_e2e::{Reporter, Server, bin, http_get, pb, rt, states, topology, wait_for};
 use tonic::Code;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Sample lines of an exposition (series; HELP, TYPE and blank lines
 /// left out).

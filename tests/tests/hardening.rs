@@ -8,18 +8,10 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fairplace_e2e::{Reporter, Server, bin, pb, send_signal, states, topology, wait_for};
+use fairplace_e2e::{Reporter, Server, bin, pb, rt, send_signal, states, topology, wait_for};
 use pb::agent_message::Body;
 use tokio::sync::mpsc;
 use tonic::Code;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 async fn agent_client(
     server: &str,

@@ -11,17 +11,9 @@ use fairplace_client::Client;
 use fairplace_e2e::tls::{
     Kind, TestPki, TlsOptions, call_empty, channel, replace_file, server_leaf,
 };
-use fairplace_e2e::{Agent, Reporter, Server, cli, http_get, pb, states, topology, wait_for};
+use fairplace_e2e::{Agent, Reporter, Server, cli, http_get, pb, rt, states, topology, wait_for};
 use prost::Message;
 use tonic::Code;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn mtls_server(pki: &TestPki, extra: &[&str]) -> Server {
     let mut args = pki.server_args();

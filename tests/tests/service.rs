@@ -4,16 +4,8 @@
 use std::time::Duration;
 
 use fairplace_client::Client;
-use fairplace_e2e::{Reporter, Server, pb, states, topology, wait_for};
+use fairplace_e2e::{Reporter, Server, pb, rt, states, topology, wait_for};
 use tonic::Code;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn wakeup(node: &str, this: u32, prev: u32, claim: bool) -> pb::PickCpuRequest {
     pb::PickCpuRequest {

@@ -6,19 +6,11 @@
 //! answer is held to: the decision, or the error's code and message.
 
 use bytes::Bytes;
-use fairplace_e2e::{Reporter, Server, pb, states, topology};
+use fairplace_e2e::{Reporter, Server, pb, rt, states, topology};
 use prost::Message;
 
 const PICK_CPU: &str = "/fairplace.v1.PlacementService/PickCpu";
 const PING: &str = "/fairplace.v1.AdminService/Ping";
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// A call's answer: its status, message and body.
 #[derive(Debug, PartialEq)]
