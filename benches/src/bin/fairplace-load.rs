@@ -44,6 +44,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
+#[path = "fairplace-load/cost.rs"]
+mod cost;
 #[path = "fairplace-load/wire.rs"]
 mod wire;
 
@@ -941,6 +943,8 @@ async fn rpc(server: &Server, shape: &RpcShape) -> RpcResult {
     // rounds, PickCpu first in odd ones), so a change in the machine's speed
     // during the run (a VM's neighbours) weighs on both alike.
     const PHASES: [&str; 2] = ["ping", "pick_cpu"];
+    let mut spent = [cost::Cost::default(); 2];
+    let mut own = [cost::Cost::default(); 2];
     let mut acc: Vec<(Histogram<u64>, u64, f64)> = PHASES
         .iter()
         .map(|_| {
@@ -954,6 +958,8 @@ async fn rpc(server: &Server, shape: &RpcShape) -> RpcResult {
     for round in 0..seconds.max(1) {
         for k in [round as usize % 2, 1 - round as usize % 2] {
             let ping = PHASES[k] == "ping";
+            let before = cost::read(server.child.id());
+            let before_own = cost::read(std::process::id());
             let (all, errors, secs) = if raw {
                 let framed = Arc::clone(&framed);
                 run_phase(&callers, concurrency, 1, move |mut c: wire::Caller, i| {
@@ -974,6 +980,8 @@ async fn rpc(server: &Server, shape: &RpcShape) -> RpcResult {
                 })
                 .await
             };
+            spent[k] += cost::read(server.child.id()) - before;
+            own[k] += cost::read(std::process::id()) - before_own;
             acc[k].0.add(&all).unwrap();
             acc[k].1 += errors;
             acc[k].2 += secs;
@@ -986,6 +994,18 @@ async fn rpc(server: &Server, shape: &RpcShape) -> RpcResult {
     }
     let ratio = results[1].0 / results[0].0;
     println!("pick_cpu / ping throughput: {ratio:.2}");
+    // What each call cost each side: the server's CPU per call is its own
+    // measure of the ratio, apart from the generator's pace.
+    for (k, phase) in PHASES.iter().enumerate() {
+        let n = acc[k].0.len();
+        println!("{}", cost::per_call(phase, "server", spent[k], n));
+        println!("{}", cost::per_call(phase, "generator", own[k], n));
+    }
+    let per_call = |k: usize| spent[k].cpu_ns as f64 / acc[k].0.len().max(1) as f64;
+    println!(
+        "server CPU per call, ping / pick_cpu: {:.2}",
+        per_call(0) / per_call(1)
+    );
     let (all, errors, secs) = stream_phase(&clients, concurrency, seconds, claim).await;
     let rps = print_phase("pick_cpus (stream)", &all, errors, secs);
     let stream = (rps, pct(&all, 0.5));
