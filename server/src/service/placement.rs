@@ -53,7 +53,7 @@ impl Placement {
     /// boxed where they are taken: their states (a gRPC client call, the
     /// cluster walk) are kilobytes, and every call's future, which the
     /// server boxes and moves, would otherwise carry them.
-    pub(super) fn pick_one<'a>(
+    pub fn pick_one<'a>(
         &'a self,
         caller: &'a Caller,
         ext: &'a http::Extensions,
@@ -550,8 +550,9 @@ impl PlacementService for Placement {
     }
 }
 
-/// A PickCpu's answer: decided at once, or a boxed wait for it.
-pub(super) enum Picked<'a> {
+/// A PickCpu's answer: decided at once, or a boxed wait for it. Public,
+/// with [`Placement::pick_one`], for the handler's benchmark.
+pub enum Picked<'a> {
     Now(pb::PickCpuResponse),
     Later(std::pin::Pin<Box<dyn Future<Output = Result<pb::PickCpuResponse, Status>> + Send + 'a>>),
 }
