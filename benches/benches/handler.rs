@@ -6,28 +6,29 @@
 //! path (decode the empty request, encode the empty answer): the
 //! end-to-end ratio PickCpu/Ping is set by how much the first exceeds it.
 //!
-//! The node is the load generator's: 128 CPUs (2 NUMA nodes x 2 LLCs x 16
-//! cores x SMT2), half of them busy, and the request a wakeup as the
-//! generator sends it.
+//! The node, its state and the requests are the load generator's
+//! (`fairplace_benches::load`): 128 CPUs, about half of them busy, and
+//! wakeups from 32 callers.
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, criterion_group, criterion_main};
-use fairplace::engine::state::CpuState;
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use fairplace::service::convert;
 use fairplace::service::heavy::HeavyPool;
 use fairplace::service::identity::Caller;
 use fairplace::service::lease_hub::LeaseHub;
 use fairplace::service::placement::{Picked, Placement};
-use fairplace::store::{Store, StoreConfig, Update};
-use fairplace_benches::{Lcg, busy_cpu, spec};
+use fairplace::store::{Store, StoreConfig};
+use fairplace_benches::load;
 use fairplace_proto::codec::{PREFIX, frame};
 use fairplace_proto::v1 as pb;
 use prost::Message;
 use prost::bytes::Bytes;
 
-/// A placement service over one registered, reported 128-CPU node "load".
+/// A placement service over the load generator's node "load" (128 CPUs,
+/// its state of seed 7), registered and reported as the server does it.
 fn placement() -> Placement {
     // The state stays fresh for the whole run (the generator's server runs
     // with --stale-after-ms 3600000 too).
@@ -36,28 +37,17 @@ fn placement() -> Placement {
         forget_after: Duration::from_secs(7200),
         ..StoreConfig::default()
     }));
-    let spec = spec(16, 2);
-    let n = spec.cpus.len();
+    let spec = convert::topology_spec(Some(&load::topology(128)), "topology").unwrap();
     let (node, generation) = store
-        .register("load", vec![], "bench".into(), spec)
+        .register("load", vec![], "bench".into(), spec.clone())
         .unwrap();
-    let mut rng = Lcg(7);
-    let cpus = (0..n)
-        .map(|i| {
-            let c = if i % 2 == 0 {
-                busy_cpu(&mut rng)
-            } else {
-                CpuState::idle(1024)
-            };
-            (i as u32, c)
-        })
-        .collect();
-    let update = Update {
+    let report = pb::Update {
         seq: 1,
         full: true,
-        cpus,
-        ..Update::default()
+        cpus: load::states(128, 7),
+        ..Default::default()
     };
+    let update = convert::update(&report, &spec).unwrap();
     store
         .apply(&node, generation, &update, Instant::now())
         .unwrap();
@@ -68,23 +58,6 @@ fn placement() -> Placement {
         replicated: None,
         stopping: tokio::sync::watch::channel(false).1,
     }
-}
-
-/// The generator's request for caller `i`, framed.
-fn request(i: u32) -> Bytes {
-    let this = i % 128;
-    frame(&pb::PickCpuRequest {
-        node_id: "load".into(),
-        task: Some(pb::Task {
-            prev_cpu: Some((this + 17) % 128),
-            util_avg: 150,
-            load_avg: 200,
-            ..Default::default()
-        }),
-        kind: pb::RequestKind::Wakeup as i32,
-        this_cpu: this,
-        ..Default::default()
-    })
 }
 
 /// What the unary path does with a PickCpu's message: decode, decide,
@@ -102,7 +75,7 @@ fn handler(c: &mut Criterion) {
     let p = placement();
     let caller = Caller::Open;
     let ext = http::Extensions::new();
-    let requests: Vec<Bytes> = (0..32).map(request).collect();
+    let requests: Vec<Bytes> = (0..32).map(|i| frame(&load::wakeup_on_load(i))).collect();
     let ping = frame(&pb::PingRequest {});
     // Every request must decide, or the figures measure an error path.
     for m in &requests {
@@ -147,6 +120,38 @@ fn handler(c: &mut Criterion) {
             }
         })
     });
+    // The same with the caches emptied before each call (a buffer larger
+    // than the level written through), as on the server, where each call's
+    // HTTP/2 and kernel work comes between two decisions.
+    for (name, bytes) in [("l2", 1usize << 20), ("l3", 48 << 20)] {
+        let mut junk = vec![0u8; bytes];
+        let mut evict = move || {
+            for b in junk.iter_mut().step_by(64) {
+                *b = b.wrapping_add(1);
+            }
+            black_box(&junk);
+        };
+        g.bench_function(format!("ping_decode_encode_{name}_cold"), |b| {
+            b.iter_batched(
+                &mut evict,
+                |_| {
+                    black_box(pb::PingRequest::decode(black_box(&ping).slice(PREFIX..)).unwrap());
+                    black_box(frame(&pb::PingResponse {}))
+                },
+                BatchSize::PerIteration,
+            )
+        });
+        g.bench_function(format!("pick_cpu_decode_handler_encode_{name}_cold"), |b| {
+            b.iter_batched(
+                &mut evict,
+                |_| {
+                    i = (i + 1) % requests.len();
+                    black_box(pick_cpu(&p, &caller, &ext, black_box(&requests[i])))
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
     g.finish();
 }
 

@@ -1,6 +1,8 @@
 //! Fixtures for the engine benchmarks: the 256-CPU node of the issue (2 NUMA
 //! nodes x 2 LLCs, SMT2 or SMT8) at a chosen share of busy CPUs.
 
+pub mod load;
+
 use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::features::{Features, System};
 use fairplace::engine::state::{CpuState, NodeState};

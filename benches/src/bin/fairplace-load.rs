@@ -44,6 +44,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
+use fairplace_benches::load::{states, topology, wakeup_on_load};
+
 #[path = "fairplace-load/cost.rs"]
 mod cost;
 #[path = "fairplace-load/wire.rs"]
@@ -407,47 +409,6 @@ async fn channel(addr: &str) -> Channel {
         .expect("connect")
 }
 
-/// 2 NUMA nodes x 1 LLC x (cpus/4) cores x SMT2.
-fn topology(cpus: u32) -> pb::Topology {
-    let per_node = cpus / 2;
-    pb::Topology {
-        cpus: (0..cpus)
-            .map(|i| pb::CpuTopology {
-                id: i,
-                core: i / 2,
-                cluster: None,
-                llc: i / per_node,
-                node: i / per_node,
-                capacity: 1024,
-            })
-            .collect(),
-        numa_distance: vec![],
-    }
-}
-
-fn states(cpus: u32, seed: u64) -> Vec<pb::CpuState> {
-    let mut x = seed | 1;
-    (0..cpus)
-        .map(|i| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let busy = x.is_multiple_of(2);
-            let util = if busy { 400 + (x % 600) as i64 } else { 0 };
-            pb::CpuState {
-                id: i,
-                online: true,
-                nr_running: busy as u32,
-                load_avg: util,
-                runnable_avg: util,
-                util_avg: util,
-                util_est: util,
-                ..Default::default()
-            }
-        })
-        .collect()
-}
-
 /// A node's stream: register, then send updates and count acks.
 struct NodeStream {
     tx: mpsc::Sender<pb::AgentMessage>,
@@ -456,24 +417,6 @@ struct NodeStream {
 
 /// The node "load" every RPC phase places on: 128 CPUs registered and one
 /// full update acknowledged. Its stream stays open while the value lives.
-/// Call `i`'s PickCpu: a wakeup on node `load` (128 CPUs) from CPU
-/// `i % 128`, its previous CPU 17 further on.
-fn wakeup_on_load(i: usize) -> pb::PickCpuRequest {
-    let this = (i % 128) as u32;
-    pb::PickCpuRequest {
-        node_id: "load".into(),
-        task: Some(pb::Task {
-            prev_cpu: Some((this + 17) % 128),
-            util_avg: 150,
-            load_avg: 200,
-            ..Default::default()
-        }),
-        kind: pb::RequestKind::Wakeup as i32,
-        this_cpu: this,
-        ..Default::default()
-    }
-}
-
 async fn load_node(ch: Channel) -> NodeStream {
     let mut node = register(ch, "load", 128).await;
     node.tx.send(update(1, true, states(128, 7))).await.unwrap();
