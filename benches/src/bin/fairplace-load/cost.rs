@@ -1,12 +1,13 @@
-//! What a phase cost the server, read from its `/proc` entries: CPU time
-//! of all its threads, read and write system calls, and context switches.
+//! What a phase cost a process (the server, or the generator itself), read
+//! from its `/proc` entries: CPU time of all its threads, read and write
+//! system calls, and voluntary context switches.
 //!
 //! Throughput alone mixes the server's cost with the generator's pace:
 //! a slower generator hands the server fewer requests per wakeup, and each
 //! costs it more system calls. Dividing these counters by the calls made
 //! gives the server's own cost per call, phase by phase.
 
-use std::ops::Sub;
+use std::ops::{AddAssign, Sub};
 
 /// Cumulative counters of one process.
 #[derive(Clone, Copy, Debug, Default)]
@@ -30,7 +31,7 @@ impl Sub for Cost {
     }
 }
 
-impl std::ops::AddAssign for Cost {
+impl AddAssign for Cost {
     fn add_assign(&mut self, o: Cost) {
         self.cpu_ns += o.cpu_ns;
         self.syscalls += o.syscalls;
