@@ -11,74 +11,18 @@
 //! wakeups from 32 callers.
 
 use std::hint::black_box;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use fairplace::service::convert;
-use fairplace::service::heavy::HeavyPool;
 use fairplace::service::identity::Caller;
-use fairplace::service::lease_hub::LeaseHub;
-use fairplace::service::placement::{Picked, Placement};
-use fairplace::store::{Store, StoreConfig};
-use fairplace_benches::load;
+use fairplace::service::placement::Picked;
+use fairplace_benches::load::{self, pick_cpu, ping_answer};
 use fairplace_proto::codec::{PREFIX, frame};
 use fairplace_proto::v1 as pb;
 use prost::Message;
 use prost::bytes::Bytes;
 
-/// A placement service over the load generator's node "load" (128 CPUs,
-/// its state of seed 7), registered and reported as the server does it.
-fn placement() -> Placement {
-    // The state stays fresh for the whole run (the generator's server runs
-    // with --stale-after-ms 3600000 too).
-    let store = Arc::new(Store::new(StoreConfig {
-        stale_after: Duration::from_secs(3600),
-        forget_after: Duration::from_secs(7200),
-        ..StoreConfig::default()
-    }));
-    let spec = convert::topology_spec(Some(&load::topology(128)), "topology").unwrap();
-    let (node, generation) = store
-        .register("load", vec![], "bench".into(), spec.clone())
-        .unwrap();
-    let report = pb::Update {
-        seq: 1,
-        full: true,
-        cpus: load::states(128, 7),
-        ..Default::default()
-    };
-    let update = convert::update(&report, &spec).unwrap();
-    store
-        .apply(&node, generation, &update, Instant::now())
-        .unwrap();
-    Placement {
-        store,
-        heavy: HeavyPool::new(1, 1),
-        hub: Arc::new(LeaseHub::default()),
-        replicated: None,
-        stopping: tokio::sync::watch::channel(false).1,
-    }
-}
-
-/// What the unary path does with a PickCpu's message: decode, decide,
-/// encode.
-fn pick_cpu(p: &Placement, caller: &Caller, ext: &http::Extensions, msg: &Bytes) -> Bytes {
-    let r = pb::PickCpuRequest::decode(msg.slice(PREFIX..)).unwrap();
-    match p.pick_one(caller, ext, r) {
-        Ok(Picked::Now(resp)) => frame(&resp),
-        Ok(Picked::Later(_)) => unreachable!("a local node answers at once"),
-        Err(e) => panic!("{e}"),
-    }
-}
-
-/// What the unary path does with a Ping's message: decode, encode.
-fn ping_answer(msg: &Bytes) -> Bytes {
-    black_box(pb::PingRequest::decode(msg.slice(PREFIX..)).unwrap());
-    frame(&pb::PingResponse {})
-}
-
 fn handler(c: &mut Criterion) {
-    let p = placement();
+    let p = load::placement();
     let caller = Caller::Open;
     let ext = http::Extensions::new();
     let requests: Vec<Bytes> = (0..32).map(|i| frame(&load::wakeup_on_load(i))).collect();

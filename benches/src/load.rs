@@ -1,7 +1,20 @@
 //! The load generator's node and requests, shared by `fairplace-load` and
 //! the handler benchmark so both measure the same decisions.
 
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fairplace::service::convert;
+use fairplace::service::heavy::HeavyPool;
+use fairplace::service::identity::Caller;
+use fairplace::service::lease_hub::LeaseHub;
+use fairplace::service::placement::{Picked, Placement};
+use fairplace::store::{Store, StoreConfig};
+use fairplace_proto::codec::{PREFIX, frame};
 use fairplace_proto::v1 as pb;
+use prost::Message;
+use prost::bytes::Bytes;
 
 /// A node of `cpus` CPUs: 2 NUMA nodes x 1 LLC x (cpus/4) cores x SMT2.
 pub fn topology(cpus: u32) -> pb::Topology {
@@ -62,4 +75,57 @@ pub fn wakeup_on_load(i: usize) -> pb::PickCpuRequest {
         this_cpu: this,
         ..Default::default()
     }
+}
+
+/// A placement service over the load generator's node "load" (128 CPUs,
+/// its state of seed 7), registered and reported as the server does it,
+/// for measuring a PickCpu's handler in process.
+pub fn placement() -> Placement {
+    // The state stays fresh for the whole run (the generator's server runs
+    // with --stale-after-ms 3600000 too).
+    let store = Arc::new(Store::new(StoreConfig {
+        stale_after: Duration::from_secs(3600),
+        forget_after: Duration::from_secs(7200),
+        ..StoreConfig::default()
+    }));
+    let spec = convert::topology_spec(Some(&topology(128)), "topology").unwrap();
+    let (node, generation) = store
+        .register("load", vec![], "bench".into(), spec.clone())
+        .unwrap();
+    let report = pb::Update {
+        seq: 1,
+        full: true,
+        cpus: states(128, 7),
+        ..Default::default()
+    };
+    let update = convert::update(&report, &spec).unwrap();
+    store
+        .apply(&node, generation, &update, Instant::now())
+        .unwrap();
+    Placement {
+        store,
+        heavy: HeavyPool::new(1, 1),
+        hub: Arc::new(LeaseHub::default()),
+        replicated: None,
+        stopping: tokio::sync::watch::channel(false).1,
+    }
+}
+
+/// What the server's unary path does with a PickCpu's framed message:
+/// decode (merged in place, as the server does), decide, encode.
+pub fn pick_cpu(p: &Placement, caller: &Caller, ext: &http::Extensions, msg: &Bytes) -> Bytes {
+    let mut r = pb::PickCpuRequest::default();
+    r.merge(msg.slice(PREFIX..)).unwrap();
+    match p.pick_one(caller, ext, r) {
+        Ok(Picked::Now(resp)) => frame(&resp),
+        Ok(Picked::Later(_)) => unreachable!("a local node answers at once"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// What the server's unary path does with a Ping's framed message: decode,
+/// encode.
+pub fn ping_answer(msg: &Bytes) -> Bytes {
+    black_box(pb::PingRequest::decode(msg.slice(PREFIX..)).unwrap());
+    frame(&pb::PingResponse {})
 }
