@@ -4,9 +4,10 @@
 //! stack and copying or combining masks never allocates. The set operations
 //! (and, or, andnot, weight, subset and intersection tests) run over all 64
 //! words: a fixed-length loop over 512 bytes the compiler vectorises, which
-//! costs less than tracking how many words are in use. Only the walks
-//! (`next_lt`, `first_and_and`, the wrap iterator) stop early, at the first
-//! set bit or at the node's CPU count.
+//! costs less than tracking how many words are in use. The walks
+//! (`next_lt`, `first_and_and`, the wrap iterator) and the emptiness test
+//! stop early, at the first set bit or at the node's CPU count, and
+//! `weight_lt` counts only a node's words.
 
 use std::fmt;
 
@@ -36,14 +37,22 @@ impl CpuMask {
     /// The mask of CPUs `0..n`.
     pub fn first_n(n: usize) -> Self {
         let mut m = Self::new();
-        let n = n.min(MAX_CPUS);
-        for w in 0..n / 64 {
-            m.words[w] = !0;
-        }
-        if !n.is_multiple_of(64) {
-            m.words[n / 64] = (1u64 << (n % 64)) - 1;
-        }
+        m.assign_first_n(n);
         m
+    }
+
+    /// Makes this the mask of CPUs `0..n`, in place: a task's mask is
+    /// rewritten for every request, and a new mask moved in would be a
+    /// second 512 bytes to write and copy.
+    #[inline]
+    pub fn assign_first_n(&mut self, n: usize) {
+        let n = n.min(MAX_CPUS);
+        let full = n / 64;
+        self.words[..full].fill(!0);
+        self.words[full..].fill(0);
+        if !n.is_multiple_of(64) {
+            self.words[full] = (1u64 << (n % 64)) - 1;
+        }
     }
 
     pub fn from_cpus<I: IntoIterator<Item = usize>>(cpus: I) -> Self {
@@ -70,13 +79,33 @@ impl CpuMask {
         cpu < MAX_CPUS && self.words[cpu / 64] & (1u64 << (cpu % 64)) != 0
     }
 
+    /// `cpumask_empty`: as the kernel's, a search for the first set bit, so
+    /// a task's mask (a CPU in its first word) is known non-empty from one
+    /// word, not all 64.
+    #[inline]
     pub fn is_empty(&self) -> bool {
-        self.words.iter().all(|&w| w == 0)
+        self.first().is_none()
     }
 
     /// `cpumask_weight`.
     pub fn weight(&self) -> usize {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// `cpumask_weight` over the CPUs `< end` only (the kernel's
+    /// `nr_cpumask_bits`): a node's masks hold no CPU beyond its own, and a
+    /// 128-CPU node's are 2 of the 64 words.
+    pub fn weight_lt(&self, end: usize) -> usize {
+        let end = end.min(MAX_CPUS);
+        let full = end / 64;
+        let mut n: usize = self.words[..full]
+            .iter()
+            .map(|w| w.count_ones() as usize)
+            .sum();
+        if !end.is_multiple_of(64) {
+            n += (self.words[full] & ((1u64 << (end % 64)) - 1)).count_ones() as usize;
+        }
+        n
     }
 
     #[inline]
@@ -402,6 +431,42 @@ mod tests {
         assert_eq!(a.weight(), 15);
         assert_eq!(CpuMask::first_n(70).to_string(), "0-69");
         assert_eq!(CpuMask::first_n(64).to_string(), "0-63");
+    }
+
+    #[test]
+    fn weight_lt_counts_only_the_cpus_below_its_end() {
+        let a = m("0-3,63,64,100,4000");
+        assert_eq!(a.weight_lt(4), 4);
+        assert_eq!(a.weight_lt(64), 5, "63 is below 64");
+        assert_eq!(a.weight_lt(65), 6, "64 starts the second word");
+        assert_eq!(a.weight_lt(128), 7);
+        assert_eq!(a.weight_lt(MAX_CPUS), a.weight());
+        assert_eq!(
+            a.weight_lt(1 << 20),
+            a.weight(),
+            "an end past the mask is the mask's"
+        );
+        assert_eq!(a.weight_lt(0), 0);
+    }
+
+    #[test]
+    fn assign_first_n_clears_what_was_there() {
+        let mut a = m("5,70,4095");
+        a.assign_first_n(65);
+        assert_eq!(a, CpuMask::first_n(65));
+        assert_eq!(a.weight(), 65);
+        assert!(a.test(64) && !a.test(65) && !a.test(4095));
+        a.assign_first_n(0);
+        assert!(a.is_empty());
+        a.assign_first_n(MAX_CPUS + 7);
+        assert_eq!(a.weight(), MAX_CPUS);
+    }
+
+    #[test]
+    fn is_empty_looks_past_the_first_words() {
+        assert!(CpuMask::new().is_empty());
+        assert!(!m("4095").is_empty(), "the last CPU alone");
+        assert!(!m("0").is_empty());
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! The context of one decision and the predicates every step shares
 //! (`choose_idle_cpu`, `util_fits_cpu`, `asym_fits_cpu`, the cookie matches).
 //!
-//! A `Ctx` borrows the node's read-only view and the task; the only thing it
-//! owns is the decision's own scratch: the effective affinity mask, the scan
-//! counter and the informative detail. Nothing here allocates.
+//! A `Ctx` borrows the node's read-only view and the task, and the task's
+//! mask as its effective affinity (`p->cpus_ptr` points at `p->cpus_mask`,
+//! as in the kernel; a task with migration disabled points at a one-CPU
+//! mask in a slot its caller keeps, [`CpusPtrSlot`]). What it owns is the decision's scratch: the scan counter and the
+//! informative detail. Nothing here allocates.
+
+use std::cell::OnceCell;
 
 use super::cpumask::CpuMask;
 use super::decision::Detail;
@@ -20,14 +24,22 @@ pub struct View<'a> {
     pub system: &'a System,
 }
 
+/// Where `p->cpus_ptr` points when it is not the task's own mask
+/// (`cpumask_of(task_cpu)` for a task with migration disabled). The caller
+/// holds it for as long as the `Ctx`; it is written only in that case, so
+/// the common one costs no 512-byte mask.
+pub(crate) type CpusPtrSlot = OnceCell<CpuMask>;
+
 pub(crate) struct Ctx<'a> {
     pub topo: &'a Topology,
     pub st: &'a NodeState,
     pub f: &'a Features,
     pub sys: &'a System,
     pub p: &'a Task,
-    /// `p->cpus_ptr`: the allowed mask, or `{task_cpu}` when migration is disabled.
-    pub cpus_ptr: CpuMask,
+    /// `p->cpus_ptr`: the allowed mask, or `{task_cpu}` when migration is
+    /// disabled. Borrowed, not copied: a copy is 512 bytes more for every
+    /// decision to write and bring into the cache.
+    pub cpus_ptr: &'a CpuMask,
     pub nr_cpus_allowed: usize,
     pub task_cpu: usize,
     /// The exec'ing task's CPU: its own load is queued there.
@@ -38,11 +50,11 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    pub fn new(view: View<'a>, p: &'a Task, task_cpu: usize) -> Self {
+    pub fn new(view: View<'a>, p: &'a Task, task_cpu: usize, slot: &'a CpusPtrSlot) -> Self {
         let cpus_ptr = if p.migration_disabled {
-            CpuMask::from_cpus([task_cpu])
+            slot.get_or_init(|| CpuMask::from_cpus([task_cpu]))
         } else {
-            p.cpus_allowed
+            &p.cpus_allowed
         };
         let uclamp_used = view
             .system
@@ -55,7 +67,7 @@ impl<'a> Ctx<'a> {
             sys: view.system,
             p,
             cpus_ptr,
-            nr_cpus_allowed: p.cpus_allowed.weight(),
+            nr_cpus_allowed: p.cpus_allowed.weight_lt(view.topo.nr_cpus),
             task_cpu,
             exec_cpu: None,
             uclamp_used,

@@ -57,7 +57,7 @@ impl Ctx<'_> {
         let util = self.p.util_est_max();
         let (umin, umax) = (self.p.uclamp_min, self.p.uclamp_max);
         let (mut best_cap, mut best_fits, mut best) = (0i64, 0i32, None);
-        let cpus = topo.span(sd.span).and(&self.cpus_ptr);
+        let cpus = topo.span(sd.span).and(self.cpus_ptr);
         let mut walk = WrapWalk::new(target, topo.nr_cpus);
         while let Some(c) = walk.next(&cpus) {
             let mut cap = self.rq(c).capacity as i64;

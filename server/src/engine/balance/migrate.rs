@@ -2,7 +2,7 @@
 
 use crate::engine::cache::LlcView;
 use crate::engine::cpumask::CpuMask;
-use crate::engine::ctx::{Ctx, View};
+use crate::engine::ctx::{CpusPtrSlot, Ctx, View};
 use crate::engine::features::Kernel;
 use crate::engine::state::{Policy, Task};
 use crate::engine::topology::sd;
@@ -172,7 +172,8 @@ pub fn can_migrate_task_llc(
     env: &MigrateEnv,
     llc: Option<(&LlcView<'_>, u64)>,
 ) -> MigrateDecision {
-    let ctx = Ctx::new(view, p, env.src_cpu);
+    let slot = CpusPtrSlot::new();
+    let ctx = Ctx::new(view, p, env.src_cpu, &slot);
     let d = &view.topo.domains(env.sd_cpu)[env.sd];
     let cnt = env.cache_nice_tries.unwrap_or(d.cache_nice_tries);
     let mut flags = env.flags;
@@ -216,7 +217,7 @@ pub fn can_migrate_task_llc(
             return done(false, flags, Reason::Affinity, None, None);
         }
         // Remember another CPU of the destination group the task may run on.
-        let new_dst = env.dst_group.first_and_and(&env.env_cpus, &ctx.cpus_ptr);
+        let new_dst = env.dst_group.first_and_and(&env.env_cpus, ctx.cpus_ptr);
         if new_dst.is_some() {
             flags |= lbf::DST_PINNED;
         }

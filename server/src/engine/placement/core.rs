@@ -1,7 +1,7 @@
 //! The core wrapper (core.c): `select_task_rq()`, its callers for wakeup, fork
 //! and exec, and `select_fallback_rq()`.
 
-use crate::engine::ctx::{Ctx, View};
+use crate::engine::ctx::{CpusPtrSlot, Ctx, View};
 use crate::engine::decision::{Kind, Path, PlaceRequest, Placement};
 use crate::engine::state::Task;
 
@@ -11,7 +11,8 @@ pub fn select_task_rq(view: View<'_>, p: &Task, req: &PlaceRequest) -> Placement
         Kind::Wakeup => p.prev_cpu,
         Kind::Fork | Kind::Exec => req.this_cpu,
     };
-    let mut ctx = Ctx::new(view, p, task_cpu);
+    let slot = CpusPtrSlot::new();
+    let mut ctx = Ctx::new(view, p, task_cpu, &slot);
     if req.kind == Kind::Exec {
         ctx.exec_cpu = Some(req.this_cpu);
     }
@@ -66,7 +67,7 @@ impl Ctx<'_> {
         let node = self.topo.node_of(cpu) as usize;
         let n = self.topo.nr_cpus;
         let node_cpus = &self.topo.node_cpus[node];
-        if let Some(c) = node_cpus.first_and_and(&self.cpus_ptr, &self.topo.online) {
+        if let Some(c) = node_cpus.first_and_and(self.cpus_ptr, &self.topo.online) {
             return c;
         }
         if let Some(c) = self.cpus_ptr.first_and(&self.topo.online) {

@@ -195,7 +195,7 @@ impl Ctx<'_> {
             }
             nr = b;
         }
-        let mut cpus = topo.span(sd.span).and(&self.cpus_ptr);
+        let mut cpus = topo.span(sd.span).and(self.cpus_ptr);
         if cpus.is_empty() {
             return None;
         }
@@ -287,7 +287,7 @@ impl Ctx<'_> {
         let mut best_fits = 0i32;
         let mut best: Option<usize> = None;
         let mut nr = i64::MAX;
-        let cpus = topo.span(sd.span).and(&self.cpus_ptr);
+        let cpus = topo.span(sd.span).and(self.cpus_ptr);
         if let Some(b) = self.sis_budget(sd) {
             if b == 1 {
                 return None;

@@ -24,7 +24,7 @@ impl Ctx<'_> {
     ) -> (usize, Path) {
         let topo = self.topo;
         let top = &topo.domains(this_cpu)[sd_idx];
-        if !topo.span(top.span).intersects(&self.cpus_ptr) {
+        if !topo.span(top.span).intersects(self.cpus_ptr) {
             return (prev_cpu, Path::SlowPathPrev);
         }
         let mut cpu = this_cpu;
@@ -73,7 +73,7 @@ impl Ctx<'_> {
         let mut local_group: Option<SpanId> = None;
         for &g in &d.groups {
             let span = topo.span(g);
-            if !span.intersects(&self.cpus_ptr) || !self.sched_group_cookie_match(span) {
+            if !span.intersects(self.cpus_ptr) || !self.sched_group_cookie_match(span) {
                 continue;
             }
             let sgs = self.update_sg_wakeup_stats(d, g);
@@ -120,7 +120,7 @@ impl Ctx<'_> {
                     pref = NumaPref::Idlest;
                 }
             }
-            allowed = (local_span.and(&self.cpus_ptr).weight() as i64).min(d.imb_numa_nr as i64);
+            allowed = (local_span.and(self.cpus_ptr).weight() as i64).min(d.imb_numa_nr as i64);
         }
         let dd = DstDomain {
             imbalance_pct: d.imbalance_pct,
@@ -147,7 +147,7 @@ impl Ctx<'_> {
             && self.st.groups.len() == topo.sum_groups.len()
             && self.st.groups_util_est == self.f.util_est
             && exec_cpu.is_none_or(|c| !span.test(c))
-            && span.is_subset(&self.cpus_ptr)
+            && span.is_subset(self.cpus_ptr)
         {
             self.detail.slow_cpus_read += weight;
             let mut s = wakeup_stats(&self.st.groups[k as usize], weight);

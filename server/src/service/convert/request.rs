@@ -10,7 +10,7 @@ use crate::engine::state::Task;
 use crate::engine::topology::{FieldError, Topology};
 use crate::store::Snapshot;
 
-use super::{cpu_in, cpulist, err, policy, signal};
+use super::{cpu_in, cpulist, err, signal};
 
 /// A task for a placement or a migration check; `task_cpu` stands in for
 /// prev_cpu where the request fixes it.
@@ -25,9 +25,10 @@ pub fn task(
     Ok(task)
 }
 
-/// [`task`], written into `task` (every field): a task carries a 512-byte
-/// CPU mask, and a placement builds one per request, so it is built in place
-/// rather than moved out through each step.
+/// [`task`], written into `task` in place: a task carries a 512-byte CPU
+/// mask, and a placement builds one per request, so neither the task nor
+/// its mask is built apart and moved in. Every field is written (the
+/// destructuring below names them all, so a new field cannot be missed).
 pub fn task_into(
     t: Option<&pb::Task>,
     topo: &Topology,
@@ -48,29 +49,56 @@ pub fn task_into(
             (false, Some(r)) => resolve::Recent::Cpu(cpu_in(topo, r, "task.recent_used_cpu")?),
         },
     };
-    *task = Task::new(topo.nr_cpus, task_cpu);
-    task.policy = policy(t.policy, "task.policy")?;
-    if let Some(m) = cpulist(&t.cpus_allowed, topo, "task.cpus_allowed")? {
-        task.cpus_allowed = m;
+    let Task {
+        policy,
+        cpus_allowed,
+        prev_cpu: _,        // resolve::task
+        recent_used_cpu: _, // resolve::task
+        util_avg,
+        util_est,
+        runnable_avg,
+        load_avg,
+        uclamp_min,
+        uclamp_max,
+        wakee_flips,
+        migration_disabled,
+        core_cookie,
+        numa_preferred_nid,
+        per_cpu_kthread,
+        running,
+        sched_delayed,
+        eligible,
+        next_buddy,
+        blocked,
+        exec_start,
+        hot,
+    } = task;
+    *policy = super::policy(t.policy, "task.policy")?;
+    // Most tasks may run anywhere: their mask is filled in place, and a
+    // given list is parsed only when there is one.
+    if t.cpus_allowed.trim().is_empty() {
+        cpus_allowed.assign_first_n(topo.nr_cpus);
+    } else if let Some(m) = cpulist(&t.cpus_allowed, topo, "task.cpus_allowed")? {
+        *cpus_allowed = m;
     }
-    task.util_avg = t.util_avg;
-    task.util_est = t.util_est;
-    task.runnable_avg = t.runnable_avg;
-    task.load_avg = t.load_avg;
-    task.wakee_flips = t.wakee_flips;
-    task.uclamp_min = t.uclamp_min;
-    task.uclamp_max = t.uclamp_max.unwrap_or(1024);
-    task.migration_disabled = t.migration_disabled;
-    task.core_cookie = t.core_cookie;
-    task.numa_preferred_nid = t.numa_preferred_nid.unwrap_or(-1);
-    task.per_cpu_kthread = t.per_cpu_kthread;
-    task.running = t.running;
-    task.sched_delayed = t.sched_delayed;
-    task.eligible = t.eligible.unwrap_or(true);
-    task.next_buddy = t.next_buddy;
-    task.blocked = t.blocked;
-    task.exec_start = t.exec_start;
-    task.hot = t.hot;
+    *util_avg = t.util_avg;
+    *util_est = t.util_est;
+    *runnable_avg = t.runnable_avg;
+    *load_avg = t.load_avg;
+    *wakee_flips = t.wakee_flips;
+    *uclamp_min = t.uclamp_min;
+    *uclamp_max = t.uclamp_max.unwrap_or(1024);
+    *migration_disabled = t.migration_disabled;
+    *core_cookie = t.core_cookie;
+    *numa_preferred_nid = t.numa_preferred_nid.unwrap_or(-1);
+    *per_cpu_kthread = t.per_cpu_kthread;
+    *running = t.running;
+    *sched_delayed = t.sched_delayed;
+    *eligible = t.eligible.unwrap_or(true);
+    *next_buddy = t.next_buddy;
+    *blocked = t.blocked;
+    *exec_start = t.exec_start;
+    *hot = t.hot;
     resolve::task(task, cpus, wakeup, task_cpu)
 }
 

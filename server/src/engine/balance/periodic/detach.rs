@@ -88,7 +88,8 @@ impl Balancer {
             let take = match env.migration_type {
                 MigrationType::Misfit => {
                     let p = pass.table.task(&t, src);
-                    if Ctx::new(self.view(pass), &p, src).task_fits_cpu(src) {
+                    let slot = CpusPtrSlot::new();
+                    if Ctx::new(self.view(pass), &p, src, &slot).task_fits_cpu(src) {
                         None
                     } else {
                         Some(env.imbalance)
@@ -161,7 +162,8 @@ impl Balancer {
         if let Some(l) = pass.llc {
             let curr = self.curr(pass.table, env.src_cpu).map(|t| {
                 let p = pass.table.task(t, env.src_cpu);
-                let ctx = Ctx::new(self.view(pass), &p, env.src_cpu);
+                let slot = CpusPtrSlot::new();
+                let ctx = Ctx::new(self.view(pass), &p, env.src_cpu, &slot);
                 let misfits = d.has(sd::ASYM_CPUCAPACITY)
                     && !ctx.task_fits_cpu(env.dst_cpu)
                     && ctx.task_fits_cpu(env.src_cpu);
@@ -203,7 +205,8 @@ impl Balancer {
         match self.curr(pass.table, src) {
             Some(t) => {
                 let p = pass.table.task(t, src);
-                Ctx::new(self.view(pass), &p, src).cpus_ptr.test(cpu)
+                let slot = CpusPtrSlot::new();
+                Ctx::new(self.view(pass), &p, src, &slot).cpus_ptr.test(cpu)
             }
             None => true,
         }

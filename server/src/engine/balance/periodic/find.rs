@@ -161,7 +161,8 @@ impl Balancer {
             return 0;
         };
         let p = pass.table.task(t, cpu);
-        let ctx = Ctx::new(self.view(pass), &p, cpu);
+        let slot = CpusPtrSlot::new();
+        let ctx = Ctx::new(self.view(pass), &p, cpu, &slot);
         let allowed = ctx.cpus_ptr.and(&topo.online);
         // Pinned to one CPU, or already on its biggest allowed CPU: nowhere
         // better to go.

@@ -16,7 +16,7 @@ use crate::engine::balance::lb::{self, DomainParams, SdTotals};
 use crate::engine::balance::migrate::{self, IdleType, MigrateEnv, MigrationType, Reason, lbf};
 use crate::engine::cache::{self, LlcView};
 use crate::engine::cpumask::CpuMask;
-use crate::engine::ctx::{Ctx, View};
+use crate::engine::ctx::{CpusPtrSlot, Ctx, View};
 use crate::engine::group::{self, GroupType, SgLbStats};
 use crate::engine::rq::{RqTask, TaskTable, rq_add, rq_sub};
 use crate::engine::state::{NodeState, cpu_util};
