@@ -365,7 +365,10 @@ type TopoCache = HashMap<(Arc<TopologySpec>, CpuMask), Weak<Topology>>;
 
 /// Every node's state.
 pub struct Store {
-    nodes: DashMap<String, Arc<Node>>,
+    /// Looked up on every decision: hashed with foldhash (seeded per
+    /// store, so ids cannot be chosen to collide in advance), a few
+    /// instructions for an id where SipHash takes a hundred and more.
+    nodes: DashMap<String, Arc<Node>, foldhash::fast::RandomState>,
     /// Held while a new node id is checked against `max_nodes` and inserted.
     admit: Mutex<()>,
     /// Ids of the nodes that may hold claims: claim expiry visits only
@@ -405,7 +408,7 @@ impl Store {
     /// [`Store::load_leases`] before serving).
     pub fn with_log(config: StoreConfig, log: Arc<dyn LeaseLog>) -> Self {
         Self {
-            nodes: DashMap::new(),
+            nodes: DashMap::default(),
             admit: Mutex::new(()),
             claimed: Mutex::new(Default::default()),
             topo_cache: Mutex::new(HashMap::new()),
