@@ -132,10 +132,15 @@ where
                     Ok(_) => Ok(one_message(&pb::PingResponse {})),
                     Err(_) => Err(msg),
                 },
-                Hot::PickCpu => match pb::PickCpuRequest::decode(msg.slice(PREFIX..)) {
-                    Ok(r) => Ok(pick_cpu(&placement, &parts.extensions, r).await),
-                    Err(_) => Err(msg),
-                },
+                Hot::PickCpu => {
+                    // Merged into a message in place: `decode` returns it
+                    // in a Result, a few hundred bytes moved once more.
+                    let mut r = pb::PickCpuRequest::default();
+                    match r.merge(msg.slice(PREFIX..)) {
+                        Ok(()) => Ok(pick_cpu(&placement, &parts.extensions, r).await),
+                        Err(_) => Err(msg),
+                    }
+                }
             };
             match answered {
                 Ok(resp) => Ok(resp),
