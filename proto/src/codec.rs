@@ -78,6 +78,9 @@ pub fn frame(msg: &impl prost::Message) -> Bytes {
     let mut b = BytesMut::with_capacity(PREFIX + len);
     b.put_u8(0);
     b.put_u32(len as u32);
-    msg.encode(&mut b).expect("capacity reserved");
+    // `encode` would measure the message a second time to check the room
+    // reserved just above; a PickCpu answer's ten fields are measured once.
+    msg.encode_raw(&mut b);
+    debug_assert_eq!(b.len(), PREFIX + len);
     b.freeze()
 }
