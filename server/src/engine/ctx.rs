@@ -4,8 +4,9 @@
 //! A `Ctx` borrows the node's read-only view and the task, and the task's
 //! mask as its effective affinity (`p->cpus_ptr` points at `p->cpus_mask`,
 //! as in the kernel; a task with migration disabled points at a one-CPU
-//! mask in a slot its caller keeps, [`CpusPtrSlot`]). What it owns is the decision's scratch: the scan counter and the
-//! informative detail. Nothing here allocates.
+//! mask in a slot its caller keeps, [`CpusPtrSlot`]). What it owns is the
+//! decision's scratch: the scan counter and the informative detail.
+//! Nothing here allocates.
 
 use std::cell::OnceCell;
 
