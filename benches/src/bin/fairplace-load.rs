@@ -92,6 +92,13 @@ enum Cmd {
         /// much per call as the server and shares the bottleneck).
         #[arg(long, default_value = "raw", value_parser = ["raw", "client"])]
         caller: String,
+        /// How many different PickCpu requests the callers send (caller i
+        /// sends request i mod N, each from another CPU of the node); 0:
+        /// one per caller. Fewer requests decide from fewer CPUs, so their
+        /// data stays in the server's caches: the difference shows what
+        /// the decisions' spread over the node costs.
+        #[arg(long, default_value_t = 0)]
+        requests: usize,
     },
     /// AllocateCpus followed by its ReleaseCpus against the no-op Ping, on
     /// a server whose leases live in memory and on one that commits them
@@ -641,6 +648,7 @@ async fn main() {
             claim,
             transport,
             caller,
+            requests,
         } => {
             let shape = RpcShape {
                 seconds,
@@ -648,6 +656,7 @@ async fn main() {
                 concurrency,
                 claim,
                 raw: caller == "raw",
+                requests,
             };
             let mut runs = vec![];
             if transport != "mtls" {
@@ -840,6 +849,8 @@ struct RpcShape {
     claim: bool,
     /// Unary calls from [`wire::Caller`], not the client library.
     raw: bool,
+    /// Different requests sent (0: one per caller).
+    requests: usize,
 }
 
 async fn rpc(server: &Server, shape: &RpcShape) -> RpcResult {
@@ -849,6 +860,7 @@ async fn rpc(server: &Server, shape: &RpcShape) -> RpcResult {
         concurrency,
         claim,
         raw,
+        requests: distinct,
     } = *shape;
     let _reporter = load_node(server.node_channel().await).await;
     let clients = clients(server, connections).await;
@@ -864,13 +876,13 @@ async fn rpc(server: &Server, shape: &RpcShape) -> RpcResult {
         (0..concurrency)
             .map(|i| pb::PickCpuRequest {
                 claim,
-                ..wakeup_on_load(i)
+                ..wakeup_on_load(if distinct > 0 { i % distinct } else { i })
             })
             .collect(),
     );
     let framed: Arc<Vec<wire::Bytes>> = Arc::new(requests.iter().map(wire::frame).collect());
     println!(
-        "# fairplace-load rpc ({}, {}): {connections} connections, {concurrency} callers, {seconds} s per phase (ping and pick_cpu in alternating 1 s slices)",
+        "# fairplace-load rpc ({}, {}): {connections} connections, {concurrency} callers, {} different PickCpu requests, {seconds} s per phase (ping and pick_cpu in alternating 1 s slices)",
         if server.tls.is_some() {
             "mutual TLS"
         } else {
@@ -880,6 +892,11 @@ async fn rpc(server: &Server, shape: &RpcShape) -> RpcResult {
             "raw HTTP/2 caller"
         } else {
             "client library"
+        },
+        if distinct > 0 {
+            distinct.min(concurrency)
+        } else {
+            concurrency
         }
     );
     // The two phases alternate in one-second slices (ping first in even
