@@ -151,6 +151,45 @@ impl CpuMask {
         }
     }
 
+    /// `cpumask_and` over the CPUs `< end` only, as the kernel's runs over
+    /// `nr_cpumask_bits`: the CPUs of both below `end`. Where `self` is a
+    /// node's mask (none of its CPUs at or beyond the node's count, `end`),
+    /// this is `and`, reading 2 of the 64 words of a 128-CPU node's masks
+    /// instead of all of them: a wakeup's scan starts from one such `and`.
+    #[inline]
+    pub fn and_lt(&self, other: &CpuMask, end: usize) -> CpuMask {
+        let end = end.min(MAX_CPUS);
+        let full = end / 64;
+        let mut r = CpuMask::new();
+        for ((d, a), b) in r.words[..full]
+            .iter_mut()
+            .zip(&self.words)
+            .zip(&other.words)
+        {
+            *d = a & b;
+        }
+        if !end.is_multiple_of(64) {
+            r.words[full] = self.words[full] & other.words[full] & ((1u64 << (end % 64)) - 1);
+        }
+        r
+    }
+
+    /// `cpumask_andnot` in place over the CPUs `< end` only: the CPUs of
+    /// `other` below `end` leave `self`, and the rest of `self` stays.
+    /// Where `other` is a node's mask (none of its CPUs at or beyond
+    /// `end`), this is `andnot_assign`, reading only the node's words.
+    #[inline]
+    pub fn andnot_assign_lt(&mut self, other: &CpuMask, end: usize) {
+        let end = end.min(MAX_CPUS);
+        let full = end / 64;
+        for (a, b) in self.words[..full].iter_mut().zip(&other.words) {
+            *a &= !*b;
+        }
+        if !end.is_multiple_of(64) {
+            self.words[full] &= !(other.words[full] & ((1u64 << (end % 64)) - 1));
+        }
+    }
+
     /// `cpumask_intersects`.
     pub fn intersects(&self, other: &CpuMask) -> bool {
         self.words
@@ -447,6 +486,37 @@ mod tests {
             "an end past the mask is the mask's"
         );
         assert_eq!(a.weight_lt(0), 0);
+    }
+
+    #[test]
+    fn the_bounded_and_and_andnot_see_only_the_cpus_below_their_end() {
+        let a = m("0-7,63-70,200,4095");
+        let b = m("4-65,200,4095");
+        assert_eq!(a.and_lt(&b, 65).to_string(), "4-7,63-64");
+        assert_eq!(
+            a.and_lt(&b, 64).to_string(),
+            "4-7,63",
+            "64 starts the second word"
+        );
+        assert_eq!(a.and_lt(&b, 0).to_string(), "");
+        assert_eq!(a.and_lt(&b, MAX_CPUS), a.and(&b));
+        assert_eq!(a.and_lt(&b, 1 << 20), a.and(&b), "an end past the mask");
+        let mut c = a;
+        c.andnot_assign_lt(&b, 65);
+        assert_eq!(c.to_string(), "0-3,65-70,200,4095", "beyond 65 stays");
+        let mut c = a;
+        c.andnot_assign_lt(&b, 0);
+        assert_eq!(c, a, "nothing below 0");
+        let mut c = a;
+        c.andnot_assign_lt(&b, MAX_CPUS);
+        assert_eq!(c, a.andnot(&b));
+        // A node's masks hold no CPU at or beyond its count: for them the
+        // bounded forms are the full ones.
+        let (span, other) = (m("0-127"), m("1,3,64-90"));
+        assert_eq!(span.and_lt(&other, 128), span.and(&other));
+        let mut c = span;
+        c.andnot_assign_lt(&other, 128);
+        assert_eq!(c, span.andnot(&other));
     }
 
     #[test]

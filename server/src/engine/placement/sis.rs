@@ -195,7 +195,10 @@ impl Ctx<'_> {
             }
             nr = b;
         }
-        let mut cpus = topo.span(sd.span).and(self.cpus_ptr);
+        // The node's masks hold none of its CPUs beyond `n`: every mask op
+        // of the scan runs over the node's words only, as the kernel's run
+        // over `nr_cpumask_bits`.
+        let mut cpus = topo.span(sd.span).and_lt(self.cpus_ptr, n);
         if cpus.is_empty() {
             return None;
         }
@@ -214,7 +217,7 @@ impl Ctx<'_> {
                     return found;
                 }
             }
-            cpus.andnot_assign(group);
+            cpus.andnot_assign_lt(group, n);
         }
 
         let mut walk = WrapWalk::new(target + 1, n);
@@ -272,7 +275,7 @@ impl Ctx<'_> {
         if idle {
             return Some(core);
         }
-        cpus.andnot_assign(topo.smt_mask(core));
+        cpus.andnot_assign_lt(topo.smt_mask(core), topo.nr_cpus);
         None
     }
 
@@ -287,7 +290,7 @@ impl Ctx<'_> {
         let mut best_fits = 0i32;
         let mut best: Option<usize> = None;
         let mut nr = i64::MAX;
-        let cpus = topo.span(sd.span).and(self.cpus_ptr);
+        let cpus = topo.span(sd.span).and_lt(self.cpus_ptr, topo.nr_cpus);
         if let Some(b) = self.sis_budget(sd) {
             if b == 1 {
                 return None;
