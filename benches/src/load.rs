@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use fairplace::service::convert;
 use fairplace::service::heavy::HeavyPool;
 use fairplace::service::identity::Caller;
+use fairplace::service::lean::{Step, pick_cpu_here};
 use fairplace::service::lease_hub::LeaseHub;
-use fairplace::service::placement::{Picked, Placement};
+use fairplace::service::placement::Placement;
 use fairplace::store::{Store, StoreConfig};
 use fairplace_proto::codec::{PREFIX, frame};
 use fairplace_proto::v1 as pb;
@@ -112,20 +113,20 @@ pub fn placement() -> Placement {
 }
 
 /// What the server's unary path does with a PickCpu's framed message:
-/// decode (merged in place, as the server does), decide, encode.
+/// decode (into the worker's reused message, as the server does), decide,
+/// frame the answer.
 pub fn pick_cpu(p: &Placement, caller: &Caller, ext: &http::Extensions, msg: &Bytes) -> Bytes {
-    let mut r = pb::PickCpuRequest::default();
-    r.merge(msg.slice(PREFIX..)).unwrap();
-    match p.pick_one(caller, ext, r) {
-        Ok(Picked::Now(resp)) => frame(&resp),
-        Ok(Picked::Later(_)) => unreachable!("a local node answers at once"),
-        Err(e) => panic!("{e}"),
+    match pick_cpu_here(p, caller, ext, &msg[PREFIX..]) {
+        Step::Framed(answer) => answer,
+        Step::Later(_) => unreachable!("a local node answers at once"),
+        Step::Refused(e) => panic!("{e}"),
+        Step::Undecodable => panic!("the load generator's request does not decode"),
     }
 }
 
 /// What the server's unary path does with a Ping's framed message: decode,
 /// encode.
 pub fn ping_answer(msg: &Bytes) -> Bytes {
-    black_box(pb::PingRequest::decode(msg.slice(PREFIX..)).unwrap());
+    black_box(pb::PingRequest::decode(&msg[PREFIX..]).unwrap());
     frame(&pb::PingResponse {})
 }

@@ -174,6 +174,14 @@ pub enum Affine {
 }
 
 impl Affine {
+    pub const ALL: [Affine; 5] = [
+        Affine::ThisIdle,
+        Affine::PrevIdle,
+        Affine::ThisSync,
+        Affine::ThisWeight,
+        Affine::Prev,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Affine::ThisIdle => "this_idle",

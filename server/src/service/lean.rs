@@ -16,6 +16,7 @@
 //! body error) goes to tonic with the bytes already read put back in front,
 //! so its answers, errors included, are exactly tonic's.
 
+use std::cell::RefCell;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -32,7 +33,7 @@ use tonic::body::Body;
 use tower::{Layer, Service, ServiceExt};
 
 use super::identity::Caller;
-use super::placement::Placement;
+use super::placement::{Picked, Placement};
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
@@ -128,17 +129,20 @@ where
                 }
             };
             let answered = match hot {
-                Hot::Ping => match pb::PingRequest::decode(msg.slice(PREFIX..)) {
-                    Ok(_) => Ok(one_message(&pb::PingResponse {})),
+                // Both decode from the frame's bytes as a slice: a `Bytes`
+                // view of them would take and drop a reference count.
+                Hot::Ping => match pb::PingRequest::decode(&msg[PREFIX..]) {
+                    Ok(_) => Ok(one_message(frame(&pb::PingResponse {}))),
                     Err(_) => Err(msg),
                 },
                 Hot::PickCpu => {
-                    // Merged into a message in place: `decode` returns it
-                    // in a Result, a few hundred bytes moved once more.
-                    let mut r = pb::PickCpuRequest::default();
-                    match r.merge(msg.slice(PREFIX..)) {
-                        Ok(()) => Ok(pick_cpu(&placement, &parts.extensions, r).await),
-                        Err(_) => Err(msg),
+                    let ext = &parts.extensions;
+                    let caller = Caller::of(ext);
+                    match pick_cpu_here(&placement, &caller, ext, &msg[PREFIX..]) {
+                        Step::Framed(answer) => Ok(one_message(answer)),
+                        Step::Refused(s) => Ok(s.into_http()),
+                        Step::Later(later) => Ok(answer_later(later).await),
+                        Step::Undecodable => Err(msg),
                     }
                 }
             };
@@ -155,19 +159,64 @@ where
     }
 }
 
-/// PickCpu through the tonic service's own handler.
-async fn pick_cpu(
-    placement: &Placement,
-    ext: &http::Extensions,
-    r: pb::PickCpuRequest,
-) -> http::Response<Body> {
-    let caller = Caller::of(ext);
-    let answer = match placement.pick_one(&caller, ext, r) {
-        Ok(picked) => picked.answer().await,
-        Err(s) => Err(s),
-    };
-    match answer {
-        Ok(resp) => one_message(&resp),
+/// What a PickCpu's message came to on this worker.
+pub enum Step<'a> {
+    /// Decided here: the answer's frame.
+    Framed(Bytes),
+    /// Refused here (an unknown node, a bad field, a stale state).
+    Refused(Status),
+    /// Forwarded to the node's owner, or on the cluster path: to await.
+    Later(Picked<'a>),
+    /// Not a PickCpuRequest: tonic's codec names the error.
+    Undecodable,
+}
+
+/// A request up to this size leaves its message's buffers to the next call
+/// on the worker; a larger one's are freed, so what a worker keeps between
+/// calls stays a few hundred bytes whatever a caller sent.
+const KEEP_REQUEST_BYTES: usize = 1024;
+
+thread_local! {
+    /// The message each PickCpu on this worker is decoded into, cleared
+    /// and merged again: its strings keep their buffers, so a request for a
+    /// named node allocates nothing to be decoded, and the message is
+    /// neither built nor dropped per call. The call that takes the request
+    /// away (a forward, the cluster path) leaves an empty one.
+    static REQUEST: RefCell<pb::PickCpuRequest> = RefCell::new(pb::PickCpuRequest::default());
+}
+
+/// PickCpu through the tonic service's own handler, without an await: an
+/// answer decided here is framed straight from the decision (the bytes
+/// prost would write for the message, without building it). `msg` is the
+/// message without its gRPC prefix. Public for the handler's benchmark.
+pub fn pick_cpu_here<'a>(
+    placement: &'a Placement,
+    caller: &'a Caller,
+    ext: &'a http::Extensions,
+    msg: &[u8],
+) -> Step<'a> {
+    REQUEST.with_borrow_mut(|r| {
+        // `clear` then `merge` is `decode`, into buffers already there.
+        r.clear();
+        if r.merge(msg).is_err() {
+            return Step::Undecodable;
+        }
+        let step = match placement.pick_one(caller, ext, r) {
+            Ok(Picked::Now(answer)) => Step::Framed(answer.framed(&r.node_id)),
+            Ok(later) => Step::Later(later),
+            Err(s) => Step::Refused(s),
+        };
+        if msg.len() > KEEP_REQUEST_BYTES {
+            *r = pb::PickCpuRequest::default();
+        }
+        step
+    })
+}
+
+/// A PickCpu answered elsewhere: its message, framed.
+async fn answer_later(later: Picked<'_>) -> http::Response<Body> {
+    match later.into_response(String::new()).await {
+        Ok(resp) => one_message(frame(&resp)),
         Err(s) => s.into_http(),
     }
 }
@@ -234,10 +283,10 @@ fn is_one_message(b: &[u8]) -> bool {
     len.get_u32() as usize == b.len() - PREFIX
 }
 
-/// A successful unary answer: one message, then `grpc-status: 0`.
-fn one_message(msg: &impl Message) -> http::Response<Body> {
+/// A successful unary answer: one framed message, then `grpc-status: 0`.
+fn one_message(framed: Bytes) -> http::Response<Body> {
     let mut resp = http::Response::new(Body::new(OneMessage {
-        data: Some(frame(msg)),
+        data: Some(framed),
         trailers: true,
     }));
     resp.headers_mut().insert(

@@ -12,7 +12,7 @@ pub mod exposition;
 pub mod heavy;
 pub mod identity;
 pub mod layers;
-mod lean;
+pub mod lean;
 pub mod lease_hub;
 pub mod listener;
 pub mod peers;

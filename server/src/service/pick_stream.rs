@@ -87,7 +87,7 @@ impl State {
         if self.done {
             return None;
         }
-        let r = match self.next_request().await {
+        let mut r = match self.next_request().await {
             Next::Request(r) => r,
             Next::End => return None,
             Next::Fail(s) => {
@@ -100,8 +100,8 @@ impl State {
             self.idle.as_mut().reset(now + IDLE);
             self.idle_set = now;
         }
-        let answer = match self.me.pick_one(&self.caller, &self.ext, r) {
-            Ok(picked) => picked.answer().await,
+        let answer = match self.me.pick_one(&self.caller, &self.ext, &mut r) {
+            Ok(picked) => picked.into_response(std::mem::take(&mut r.node_id)).await,
             Err(s) => Err(s),
         };
         let result = match answer {

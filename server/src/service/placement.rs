@@ -8,7 +8,7 @@ use fairplace_proto::v1 as pb;
 use fairplace_proto::v1::placement_service_server::PlacementService;
 use tonic::{Request, Response, Status};
 
-use super::convert;
+use super::convert::{self, PickAnswer};
 use super::heavy::HeavyPool;
 use super::identity::{self, Caller};
 use super::route::{self, Replicated, Route};
@@ -57,10 +57,11 @@ impl Placement {
         &'a self,
         caller: &'a Caller,
         ext: &'a http::Extensions,
-        r: pb::PickCpuRequest,
+        r: &mut pb::PickCpuRequest,
     ) -> Result<Picked<'a>, Status> {
         if let Some((rep, m)) = self.peer_for(&r.node_id, ext)? {
             let mut c = rep.placement(&m)?;
+            let r = std::mem::take(r);
             let forward =
                 route::forward("PickCpu", caller, r, |q| async move { c.pick_cpu(q).await });
             return Ok(Picked::Later(Box::pin(async move {
@@ -68,6 +69,7 @@ impl Placement {
             })));
         }
         if r.node_id.is_empty() {
+            let r = std::mem::take(r);
             let claim = r.claim;
             return Ok(Picked::Later(Box::pin(async move {
                 let resp = self.pick_on_cluster(caller, r).await?;
@@ -78,12 +80,11 @@ impl Placement {
             })));
         }
         let node = super::registered_node(&self.store, &r.node_id)?;
-        let mut resp = self.pick_on(&node, &r)?;
+        let answer = self.pick_on(&node, r)?;
         if r.claim {
             count_claims(caller, 1);
         }
-        resp.node_id = r.node_id;
-        Ok(Picked::Now(resp))
+        Ok(Picked::Now(answer))
     }
 
     /// The peer that answers a call for `node`, if not this replica.
@@ -127,9 +128,9 @@ impl Placement {
 
     /// A placement on one node, against its live state; with `claim`, decided
     /// again until the claim commits on the snapshot it was decided on. The
-    /// answer's `node_id` is the caller's to set (a named node's is the
-    /// request's own string, moved, not copied).
-    fn pick_on(&self, node: &Node, r: &pb::PickCpuRequest) -> Result<pb::PickCpuResponse, Status> {
+    /// answer names no node: its caller does (a named node's is the
+    /// request's own string, moved or borrowed, not copied).
+    fn pick_on(&self, node: &Node, r: &pb::PickCpuRequest) -> Result<PickAnswer, Status> {
         let mut attempt = 0;
         let mut task = crate::engine::state::Task::new(1, 0);
         loop {
@@ -195,8 +196,7 @@ impl Placement {
         {
             let s = prev.snapshot();
             if self.store.is_fresh(&s, now) && s.topo.online.intersects(&allowed) {
-                let mut resp = self.pick_on(&prev, &r)?;
-                resp.node_id = prev.id.clone();
+                let mut resp = self.pick_on(&prev, &r)?.into_response(prev.id.clone());
                 resp.cluster_level = "prev_node".into();
                 return Ok(resp);
             }
@@ -251,8 +251,7 @@ impl Placement {
             r.this_cpu = allowed.first_and(&snap.topo.online).unwrap_or(0) as u32;
         }
         r.kind = pb::RequestKind::Fork as i32;
-        let mut resp = self.pick_on(&node, &r)?;
-        resp.node_id = node.id.clone();
+        let mut resp = self.pick_on(&node, &r)?.into_response(node.id.clone());
         resp.cluster_level = choice.level;
         resp.groups_compared = choice.compared;
         Ok(resp)
@@ -362,10 +361,11 @@ impl PlacementService for Placement {
         &self,
         req: Request<pb::PickCpuRequest>,
     ) -> Result<Response<pb::PickCpuResponse>, Status> {
-        let (_, ext, r) = req.into_parts();
+        let (_, ext, mut r) = req.into_parts();
         let caller = Caller::of(&ext);
-        let picked = self.pick_one(&caller, &ext, r)?;
-        picked.answer().await.map(Response::new)
+        let picked = self.pick_one(&caller, &ext, &mut r)?;
+        let node_id = std::mem::take(&mut r.node_id);
+        picked.into_response(node_id).await.map(Response::new)
     }
 
     type PickCpusStream = Answers;
@@ -553,14 +553,20 @@ impl PlacementService for Placement {
 /// A PickCpu's answer: decided at once, or a boxed wait for it. Public,
 /// with [`Placement::pick_one`], for the handler's benchmark.
 pub enum Picked<'a> {
-    Now(pb::PickCpuResponse),
+    /// Decided here, on the request's named node.
+    Now(PickAnswer),
     Later(std::pin::Pin<Box<dyn Future<Output = Result<pb::PickCpuResponse, Status>> + Send + 'a>>),
 }
 
 impl Picked<'_> {
-    pub(super) async fn answer(self) -> Result<pb::PickCpuResponse, Status> {
+    /// The answer as the message; `node_id`, the request's, names the
+    /// node of an answer decided here.
+    pub(super) async fn into_response(
+        self,
+        node_id: String,
+    ) -> Result<pb::PickCpuResponse, Status> {
         match self {
-            Picked::Now(resp) => Ok(resp),
+            Picked::Now(answer) => Ok(answer.into_response(node_id)),
             Picked::Later(wait) => wait.await,
         }
     }

@@ -15,7 +15,9 @@ pub use report::{
     cpu_state, cpu_state_to_pb, cpu_states_to_pb, task_lists_to_pb, topology_spec, topology_to_pb,
     update,
 };
-pub use request::{migrate_request, migrate_response, pick_request, pick_response, selector, task};
+pub use request::{
+    PickAnswer, migrate_request, migrate_response, pick_request, pick_response, selector, task,
+};
 
 use fairplace_proto::v1 as pb;
 use tonic::Status;

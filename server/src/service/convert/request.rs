@@ -1,7 +1,9 @@
 //! Placement and migration requests: the task and the request become the
 //! engine's, the decision becomes the answer.
 
+use fairplace_proto::codec::PREFIX;
 use fairplace_proto::v1 as pb;
+use prost::encoding as wire;
 
 use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
@@ -135,22 +137,145 @@ pub fn pick_request(
     Ok(req)
 }
 
-pub fn pick_response(p: &Placement, snap: &Snapshot, age_seconds: f64) -> pb::PickCpuResponse {
-    pb::PickCpuResponse {
+/// A placement's answer on a named node, before it becomes a
+/// `PickCpuResponse`: the path and the wake-affine reason stay the engine's
+/// static names, and the node id stays the request's. The lean unary path
+/// encodes it straight into the answer's frame ([`PickAnswer::framed`]), so
+/// a decision allocates no strings and builds no response message; every
+/// other path turns it into the message ([`PickAnswer::into_response`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PickAnswer {
+    pub cpu: u32,
+    pub path: &'static str,
+    pub scanned: u32,
+    pub state_version: u64,
+    pub state_age_seconds: f64,
+    pub affine: &'static str,
+    pub nr_idle_scan: Option<u32>,
+}
+
+pub fn pick_response(p: &Placement, snap: &Snapshot, age_seconds: f64) -> PickAnswer {
+    PickAnswer {
         cpu: p.cpu as u32,
-        path: p.path.as_str().to_string(),
+        path: p.path.as_str(),
         scanned: p.scanned,
         state_version: snap.version,
         state_age_seconds: age_seconds,
-        affine: p
-            .detail
-            .affine
-            .map(|a| a.as_str().to_string())
-            .unwrap_or_default(),
+        affine: p.detail.affine.map_or("", |a| a.as_str()),
         nr_idle_scan: p.detail.nr_idle_scan,
-        node_id: String::new(),
-        cluster_level: String::new(),
-        groups_compared: 0,
+    }
+}
+
+impl PickAnswer {
+    /// The answer as the message, on node `node_id`.
+    pub fn into_response(self, node_id: String) -> pb::PickCpuResponse {
+        pb::PickCpuResponse {
+            cpu: self.cpu,
+            path: self.path.to_string(),
+            scanned: self.scanned,
+            state_version: self.state_version,
+            state_age_seconds: self.state_age_seconds,
+            affine: self.affine.to_string(),
+            nr_idle_scan: self.nr_idle_scan,
+            node_id,
+            cluster_level: String::new(),
+            groups_compared: 0,
+        }
+    }
+
+    /// The bytes of [`Self::into_response`]`(node_id)` in gRPC's framing,
+    /// written as prost writes them: fields in number order, a proto3
+    /// scalar or string only when not its default, an `optional` one
+    /// whenever set.
+    pub fn framed(&self, node_id: &str) -> bytes::Bytes {
+        use bytes::BufMut;
+        let mut out = bytes::BytesMut::with_capacity(PREFIX + self.encoded_len(node_id));
+        out.put_u8(0);
+        out.put_u32(self.encoded_len(node_id) as u32);
+        self.encode_raw(node_id, &mut out);
+        out.freeze()
+    }
+
+    fn encoded_len(&self, node_id: &str) -> usize {
+        let varint = |tag: u32, v: u64| wire::key_len(tag) + wire::encoded_len_varint(v);
+        let string = |tag: u32, s: &str| varint(tag, s.len() as u64) + s.len();
+        let mut n = 0;
+        n += if self.cpu != 0 {
+            varint(1, self.cpu.into())
+        } else {
+            0
+        };
+        n += if !self.path.is_empty() {
+            string(2, self.path)
+        } else {
+            0
+        };
+        n += if self.scanned != 0 {
+            varint(3, self.scanned.into())
+        } else {
+            0
+        };
+        n += if self.state_version != 0 {
+            varint(4, self.state_version)
+        } else {
+            0
+        };
+        n += if self.state_age_seconds != 0.0 {
+            wire::key_len(5) + 8
+        } else {
+            0
+        };
+        n += if !self.affine.is_empty() {
+            string(6, self.affine)
+        } else {
+            0
+        };
+        n += self.nr_idle_scan.map_or(0, |v| varint(7, v.into()));
+        n += if !node_id.is_empty() {
+            string(8, node_id)
+        } else {
+            0
+        };
+        n
+    }
+
+    fn encode_raw(&self, node_id: &str, buf: &mut bytes::BytesMut) {
+        use bytes::BufMut;
+        use wire::WireType::{LengthDelimited, SixtyFourBit, Varint};
+        let varint = |tag: u32, v: u64, buf: &mut bytes::BytesMut| {
+            wire::encode_key(tag, Varint, buf);
+            wire::encode_varint(v, buf);
+        };
+        let string = |tag: u32, s: &str, buf: &mut bytes::BytesMut| {
+            wire::encode_key(tag, LengthDelimited, buf);
+            wire::encode_varint(s.len() as u64, buf);
+            buf.put_slice(s.as_bytes());
+        };
+        if self.cpu != 0 {
+            varint(1, self.cpu.into(), buf);
+        }
+        if !self.path.is_empty() {
+            string(2, self.path, buf);
+        }
+        if self.scanned != 0 {
+            varint(3, self.scanned.into(), buf);
+        }
+        if self.state_version != 0 {
+            varint(4, self.state_version, buf);
+        }
+        if self.state_age_seconds != 0.0 {
+            wire::encode_key(5, SixtyFourBit, buf);
+            buf.put_f64_le(self.state_age_seconds);
+        }
+        if !self.affine.is_empty() {
+            string(6, self.affine, buf);
+        }
+        if let Some(v) = self.nr_idle_scan {
+            varint(7, v.into(), buf);
+        }
+        if !node_id.is_empty() {
+            string(8, node_id, buf);
+        }
     }
 }
 
@@ -234,4 +359,70 @@ pub fn selector(
         out.push((k.clone(), v.clone()));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::decision::{Affine, Path};
+    use fairplace_proto::codec::frame;
+    use proptest::prelude::*;
+
+    fn answers() -> impl Strategy<Value = (PickAnswer, String)> {
+        (
+            (
+                prop_oneof![Just(0u32), any::<u32>()],
+                prop::sample::select(Path::ALL.to_vec()),
+                prop_oneof![Just(0u32), 0u32..300, any::<u32>()],
+                prop_oneof![Just(0u64), any::<u64>()],
+            ),
+            (
+                prop_oneof![Just(0.0f64), Just(-0.0), any::<f64>()],
+                prop::option::of(prop::sample::select(Affine::ALL.to_vec())),
+                prop::option::of(prop_oneof![Just(0u32), any::<u32>()]),
+                prop_oneof![Just(String::new()), "\\PC{0,40}"],
+            ),
+        )
+            .prop_map(|((cpu, path, scanned, version), (age, affine, nr, node))| {
+                let answer = PickAnswer {
+                    cpu,
+                    path: path.as_str(),
+                    scanned,
+                    state_version: version,
+                    state_age_seconds: age,
+                    affine: affine.map_or("", |a| a.as_str()),
+                    nr_idle_scan: nr,
+                };
+                (answer, node)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+        /// The lean path's frame is byte for byte prost's frame of the
+        /// message the other paths answer with.
+        #[test]
+        fn a_framed_answer_is_the_framed_response_message((a, node) in answers()) {
+            let expected = frame(&a.into_response(node.clone()));
+            prop_assert_eq!(a.framed(&node), expected);
+        }
+    }
+
+    #[test]
+    fn an_answer_of_defaults_is_an_empty_message_and_an_optional_zero_is_sent() {
+        let mut a = PickAnswer {
+            cpu: 0,
+            path: "",
+            scanned: 0,
+            state_version: 0,
+            state_age_seconds: -0.0,
+            affine: "",
+            nr_idle_scan: None,
+        };
+        assert_eq!(&a.framed("")[..], &[0, 0, 0, 0, 0]);
+        a.nr_idle_scan = Some(0);
+        // Field 7, varint 0: an `optional` field set to its default is sent.
+        assert_eq!(&a.framed("")[..], &[0, 0, 0, 0, 2, 7 << 3, 0]);
+    }
 }
