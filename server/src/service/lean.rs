@@ -538,6 +538,49 @@ mod tests {
         assert!(data.is_empty() && trailers.is_none());
     }
 
+    /// The worker's reused message after `pick_cpu_here` took `r`.
+    fn decode_here(r: &pb::PickCpuRequest) -> pb::PickCpuRequest {
+        let (p, caller, ext) = (placement(), Caller::Open, http::Extensions::new());
+        let step = pick_cpu_here(&p, &caller, &ext, &r.encode_to_vec());
+        assert!(matches!(step, Step::Refused(_)), "no node is registered");
+        REQUEST.with_borrow(|kept| kept.clone())
+    }
+
+    #[test]
+    fn the_reused_message_holds_exactly_the_last_request() {
+        let full = pb::PickCpuRequest {
+            node_id: "ghost".into(),
+            task: Some(pb::Task {
+                cpus_allowed: "0-3".into(),
+                prev_cpu: Some(2),
+                ..Default::default()
+            }),
+            claim: true,
+            this_cpu: 3,
+            prev_node: "elsewhere".into(),
+            selector: [("zone".to_string(), "a".to_string())].into(),
+            ..Default::default()
+        };
+        assert_eq!(decode_here(&full), full);
+        // Nothing of the first request survives into the second.
+        let bare = pb::PickCpuRequest {
+            node_id: "x".into(),
+            ..Default::default()
+        };
+        assert_eq!(decode_here(&bare), bare);
+    }
+
+    #[test]
+    fn a_request_over_the_kept_size_leaves_no_buffer_behind() {
+        let big = pb::PickCpuRequest {
+            node_id: "n".repeat(2 * KEEP_REQUEST_BYTES),
+            ..Default::default()
+        };
+        let kept = decode_here(&big);
+        assert_eq!(kept, pb::PickCpuRequest::default());
+        REQUEST.with_borrow(|r| assert_eq!(r.node_id.capacity(), 0, "its buffer is freed"));
+    }
+
     #[tokio::test]
     async fn whatever_this_path_does_not_take_reaches_tonic_byte_for_byte() {
         let mut trailers = HeaderMap::new();
