@@ -198,14 +198,17 @@ pub fn pick_cpu_here<'a>(
     REQUEST.with_borrow_mut(|r| {
         // `clear` then `merge` is `decode`, into buffers already there.
         r.clear();
-        if r.merge(msg).is_err() {
-            return Step::Undecodable;
-        }
-        let step = match placement.pick_one(caller, ext, r) {
-            Ok(Picked::Now(answer)) => Step::Framed(answer.framed(&r.node_id)),
-            Ok(later) => Step::Later(later),
-            Err(s) => Step::Refused(s),
+        let step = if r.merge(msg).is_err() {
+            Step::Undecodable
+        } else {
+            match placement.pick_one(caller, ext, r) {
+                Ok(Picked::Now(answer)) => Step::Framed(answer.framed(&r.node_id)),
+                Ok(later) => Step::Later(later),
+                Err(s) => Step::Refused(s),
+            }
         };
+        // Whether it decoded or not: a message cut short after a long
+        // string has already grown the buffer.
         if msg.len() > KEEP_REQUEST_BYTES {
             *r = pb::PickCpuRequest::default();
         }
@@ -538,12 +541,22 @@ mod tests {
         assert!(data.is_empty() && trailers.is_none());
     }
 
-    /// The worker's reused message after `pick_cpu_here` took `r`.
-    fn decode_here(r: &pb::PickCpuRequest) -> pb::PickCpuRequest {
+    /// The worker's reused message after `pick_cpu_here` took `msg`, and
+    /// whether the message decoded.
+    fn take_here(msg: &[u8]) -> (pb::PickCpuRequest, bool) {
         let (p, caller, ext) = (placement(), Caller::Open, http::Extensions::new());
-        let step = pick_cpu_here(&p, &caller, &ext, &r.encode_to_vec());
-        assert!(matches!(step, Step::Refused(_)), "no node is registered");
-        REQUEST.with_borrow(|kept| kept.clone())
+        let decoded = match pick_cpu_here(&p, &caller, &ext, msg) {
+            Step::Refused(_) => true,
+            Step::Undecodable => false,
+            _ => panic!("no node is registered: refused or undecodable"),
+        };
+        (REQUEST.with_borrow(|kept| kept.clone()), decoded)
+    }
+
+    fn decode_here(r: &pb::PickCpuRequest) -> pb::PickCpuRequest {
+        let (kept, decoded) = take_here(&r.encode_to_vec());
+        assert!(decoded);
+        kept
     }
 
     #[test]
@@ -577,6 +590,14 @@ mod tests {
             ..Default::default()
         };
         let kept = decode_here(&big);
+        assert_eq!(kept, pb::PickCpuRequest::default());
+        REQUEST.with_borrow(|r| assert_eq!(r.node_id.capacity(), 0, "its buffer is freed"));
+        // A large message that does not decode (a wire type 7 after the
+        // long node id) frees what it grew too.
+        let mut bad = big.encode_to_vec();
+        bad.push(0x0f);
+        let (kept, decoded) = take_here(&bad);
+        assert!(!decoded);
         assert_eq!(kept, pb::PickCpuRequest::default());
         REQUEST.with_borrow(|r| assert_eq!(r.node_id.capacity(), 0, "its buffer is freed"));
     }
