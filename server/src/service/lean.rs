@@ -173,7 +173,8 @@ pub enum Step<'a> {
 
 /// A request up to this size leaves its message's buffers to the next call
 /// on the worker; a larger one's are freed, so what a worker keeps between
-/// calls stays a few hundred bytes whatever a caller sent.
+/// calls is what a 1 KiB message can grow (a few KiB at most, a selector's
+/// table) whatever a caller sent.
 const KEEP_REQUEST_BYTES: usize = 1024;
 
 thread_local! {
