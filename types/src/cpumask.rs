@@ -7,7 +7,8 @@
 //! costs less than tracking how many words are in use. The walks
 //! (`next_lt`, `first_and_and`, the wrap iterator) and the emptiness test
 //! stop early, at the first set bit or at the node's CPU count, and
-//! `weight_lt` counts only a node's words.
+//! `weight_lt`, `and_lt` and `andnot_assign_lt` (a wakeup scan's) touch
+//! only a node's words, as the kernel's run over `nr_cpumask_bits`.
 
 use std::fmt;
 

@@ -189,9 +189,10 @@ impl PickAnswer {
     /// whenever set.
     pub fn framed(&self, node_id: &str) -> bytes::Bytes {
         use bytes::BufMut;
-        let mut out = bytes::BytesMut::with_capacity(PREFIX + self.encoded_len(node_id));
+        let len = self.encoded_len(node_id);
+        let mut out = bytes::BytesMut::with_capacity(PREFIX + len);
         out.put_u8(0);
-        out.put_u32(self.encoded_len(node_id) as u32);
+        out.put_u32(len as u32);
         self.encode_raw(node_id, &mut out);
         out.freeze()
     }
