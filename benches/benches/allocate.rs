@@ -16,7 +16,7 @@ use fairplace::engine::alloc::{self, Policy};
 use fairplace::engine::decision::{Kind, PlaceRequest};
 use fairplace::engine::state::{CpuState, Task};
 use fairplace::engine::{View, select_task_rq};
-use fairplace::store::{NewLease, Store, StoreConfig, Update};
+use fairplace::store::{EndKind, NewLease, Store, StoreConfig, Update};
 use fairplace_benches::{Lcg, busy_cpu, spec, system};
 
 fn allocate(c: &mut Criterion) {
@@ -81,11 +81,18 @@ fn allocate(c: &mut Criterion) {
                                 owner: "anonymous".into(),
                                 ttl: std::time::Duration::from_secs(30),
                                 target: None,
+                                request_id: String::new(),
                             };
                             Ok::<_, alloc::NoRoom>((g, new))
                         })
                         .unwrap();
-                    black_box(store.release_lease(lease.id, |_| Ok::<(), ()>(())).is_ok())
+                    // The whole life in memory, each commit acknowledged
+                    // (the memory log's commits are done at once).
+                    store.grant_settled(lease.id, true);
+                    let (_, _, _commit) = store
+                        .begin_end(lease.id, EndKind::Release, |_| Ok::<(), ()>(()))
+                        .unwrap();
+                    black_box(store.end_settled(lease.id, true, &|_, _| {}).is_some())
                 });
             });
         }

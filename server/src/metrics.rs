@@ -59,6 +59,8 @@ pub const LEASES_RECOVERED: &str = "fairplace_leases_recovered_total";
 pub const LEASE_COMMIT_SECONDS: &str = "fairplace_lease_store_commit_seconds";
 pub const LEASE_COMMIT_BATCHES: &str = "fairplace_lease_store_commit_batches";
 pub const LEASE_STORE_ERRORS: &str = "fairplace_lease_store_errors_total";
+pub const LEASE_UNKNOWN: &str = "fairplace_lease_unknown_outcomes_total";
+pub const LEASE_SETTLED: &str = "fairplace_lease_unknown_settled_total";
 pub const CONNECTIONS_OPEN: &str = "fairplace_connections_open";
 pub const CONNECTIONS_REFUSED: &str = "fairplace_connections_refused_total";
 pub const STREAMS_OPEN: &str = "fairplace_streams_open";
@@ -73,7 +75,7 @@ pub const REPLICA_ETCD_SECONDS: &str = "fairplace_replica_etcd_seconds";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 61] = [
+pub const ALL: [(&str, &str, &str); 63] = [
     (
         DECISIONS,
         "counter",
@@ -299,6 +301,16 @@ pub const ALL: [(&str, &str, &str); 61] = [
         LEASES_ENDED,
         "counter",
         "Leases ended, by how: released, expired, target_gone, apply_failed, abandoned (its AllocateCpus was cut short before it answered), topology (CPUs the node no longer has), conflict (lost to an earlier lease an agent held), store_failed.",
+    ),
+    (
+        LEASE_UNKNOWN,
+        "counter",
+        "Lease commits whose outcome was unknown (a timeout, a lost answer, a failed fsync), by change: grant, renew, end. The lease keeps its CPUs until the outcome is settled.",
+    ),
+    (
+        LEASE_SETTLED,
+        "counter",
+        "Unknown lease commit outcomes settled, by change and outcome: applied (the change took effect), not_applied.",
     ),
     (
         LEASES_RECOVERED,

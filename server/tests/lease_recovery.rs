@@ -333,6 +333,7 @@ fn held(id: u64, cpus: &str, granted_at_ms: u64, expires_at_ms: u64) -> LeaseRec
         expires_at_ms,
         granted_at_ms,
         applied: false,
+        request_id: String::new(),
     }
 }
 
@@ -350,8 +351,12 @@ async fn an_agents_lease_the_server_lost_is_adopted_durably_when_it_conflicts_wi
         );
         assert_eq!((r.kept, r.adopted, r.conflicts), (0, 1, 0));
         assert!(r.release_on_node.is_empty());
-        r.commit.unwrap().wait().await.unwrap();
+        // Pending until its commit is acknowledged: its CPU held, not shown.
         assert_eq!(node.snapshot().state.cpus[3].nr_running, 1);
+        assert!(p.store.leases_of(&node).is_empty());
+        r.commit.unwrap().wait().await.unwrap();
+        assert!(p.store.grant_settled(77_000_000_001, true).is_some());
+        assert_eq!(p.store.leases_of(&node).len(), 1);
         // Reported again (the agent restarted): kept.
         let r = p.store.reconcile_leases(
             &node,
@@ -375,7 +380,7 @@ async fn an_agents_lease_the_server_lost_is_adopted_durably_when_it_conflicts_wi
 }
 
 #[tokio::test]
-async fn of_two_conflicting_leases_the_later_one_is_released() {
+async fn of_two_conflicting_leases_the_servers_committed_one_wins_whichever_was_granted_first() {
     let dir = Dir::new("conflict");
     let p = open(&dir);
     register(&p, "a");
@@ -384,31 +389,27 @@ async fn of_two_conflicting_leases_the_later_one_is_released() {
     let node = p.store.get("a").unwrap();
     let granted = p.store.leases_of(&node)[0].granted_at_ms;
     let cpu = mask(&server.cpus)[0].to_string();
-    // The agent's lease on the same CPU was granted after the server's.
-    let later = held(88_000_000_001, &cpu, granted + 1_000, granted + 60_000);
-    let r = p.store.reconcile_leases(&node, &[later]);
-    assert_eq!((r.adopted, r.conflicts), (0, 1));
-    assert_eq!(r.release_on_node, vec![88_000_000_001]);
-    assert_eq!(p.store.leases_of(&node).len(), 1);
-    // The agent's lease was granted before: the server's is the later one.
-    let earlier = held(88_000_000_002, &cpu, granted - 1_000, granted + 60_000);
-    let r = p.store.reconcile_leases(&node, &[earlier]);
-    assert_eq!((r.adopted, r.conflicts), (1, 1));
-    assert_eq!(r.release_on_node, vec![server.lease_id]);
-    assert_eq!(r.ended.len(), 1);
-    r.commit.unwrap().wait().await.unwrap();
-    let ids: Vec<u64> = p.store.leases_of(&node).iter().map(|l| l.id).collect();
-    assert_eq!(ids, vec![88_000_000_002]);
-    let e = p
-        .release_cpus(as_caller(
-            pb::ReleaseCpusRequest {
-                lease_id: server.lease_id,
-            },
-            &o,
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::NotFound);
+    // The agent's lease on the same CPU, granted after the server's and
+    // before it: either way the server's lease is the committed one (the
+    // agent's was ended, or never acknowledged), and the agent's loses.
+    for (i, at) in [granted + 1_000, granted - 1_000].into_iter().enumerate() {
+        let id = 88_000_000_001 + i as u64;
+        let r = p
+            .store
+            .reconcile_leases(&node, &[held(id, &cpu, at, granted + 60_000)]);
+        assert_eq!((r.adopted, r.conflicts), (0, 1), "granted at {at}");
+        assert_eq!(r.release_on_node, vec![id]);
+        let ids: Vec<u64> = p.store.leases_of(&node).iter().map(|l| l.id).collect();
+        assert_eq!(ids, vec![server.lease_id]);
+    }
+    p.release_cpus(as_caller(
+        pb::ReleaseCpusRequest {
+            lease_id: server.lease_id,
+        },
+        &o,
+    ))
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
@@ -479,7 +480,9 @@ async fn a_reported_lease_with_fields_no_grant_carries_is_released_not_stored() 
         grant(5_000_000_002, 10, "a/../../etc"),
         grant(5_000_000_003, 10, "fairplace/job"),
     ];
-    let mut dropped = fairplace::service::allocate::reconcile(&p.store, &node, &held).await;
+    let sink: Arc<dyn fairplace::store::lease_settle::EndSink> =
+        Arc::new(fairplace::store::lease_settle::NoAgents);
+    let mut dropped = fairplace::service::allocate::reconcile(&p.store, &sink, &node, &held).await;
     dropped.sort();
     assert_eq!(dropped, vec![5_000_000_001, 5_000_000_002]);
     let kept: Vec<u64> = p.store.leases_of(&node).iter().map(|l| l.id).collect();
@@ -520,6 +523,7 @@ async fn a_node_replaced_by_another_topology_keeps_its_leases_and_its_old_object
                 owner: "anonymous".into(),
                 ttl: Duration::from_secs(60),
                 target: None,
+                request_id: String::new(),
             },
         ))
     });
@@ -699,7 +703,7 @@ async fn tombstones_leave_the_lease_store_once_past_the_expiry_they_kept() {
         }
         // Past the short lease's expiry and the pruning interval.
         std::thread::sleep(Duration::from_millis(1_300));
-        p.store.expire_leases(Instant::now());
+        fairplace::store::lease_settle::expire(&p.store, Instant::now()).await;
         long.lease_id
     };
     let stored = RedbLog::open(&dir.0).unwrap().load().unwrap();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use fairplace_proto::etcd as pb;
 
 use super::etcd::EtcdError;
-use super::{ClaimError, Member, Redirect, Replica, observe_etcd};
+use super::{Member, Redirect, Replica, observe_etcd};
 use crate::metrics as m;
 use crate::store::Store;
 
@@ -115,23 +115,20 @@ impl Replica {
         metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);
     }
 
-    /// After a new etcd lease: each node this replica held is claimed
-    /// again; one another replica took meanwhile is let go (its agent sent
-    /// to that replica).
+    /// After a new etcd lease: every owner key of the old one is gone, and
+    /// another replica may have owned the nodes meanwhile, so the table in
+    /// memory may be stale. Each node is let go and its agent sent to its
+    /// owner by the hash (this replica, most often): its registration
+    /// claims it in a new ownership period and reads its leases again.
     async fn claim_again(&self, hooks: &Hooks) {
         let nodes: Vec<String> = self.owned.iter().map(|e| e.key().clone()).collect();
         for node in nodes {
             self.owned.remove(&node);
-            match self.claim(&node).await {
-                Ok(()) => {}
-                Err(e) => {
-                    let to = match e {
-                        ClaimError::Elsewhere(m) => m.addr,
-                        ClaimError::Unavailable(_) => String::new(),
-                    };
-                    self.hand_over(&node, to, "lost", hooks).await;
-                }
-            }
+            let to = match self.hrw_owner(&node) {
+                Some(m) if m.id != self.id => m.addr,
+                _ => String::new(),
+            };
+            self.hand_over(&node, to, "lost", hooks).await;
         }
     }
 
@@ -234,7 +231,7 @@ impl Replica {
                 .owned
                 .iter()
                 .filter(|e| {
-                    e.value().1.elapsed() > TIDY_EVERY
+                    e.value().2.elapsed() > TIDY_EVERY
                         && !self.streams.contains_key(e.key())
                         && hooks.store.get(e.key()).is_none()
                 })

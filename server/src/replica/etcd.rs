@@ -27,6 +27,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::client_tls::{ClientFiles, ClientPem, Reloading};
 
+pub use pb::Compare;
+
 /// How to reach etcd: `--etcd-endpoints` and its TLS files.
 #[derive(Debug, Clone, Default)]
 pub struct EtcdSettings {
@@ -459,6 +461,27 @@ pub fn absent(key: Vec<u8>) -> pb::Compare {
         target: CompareTarget::Create as i32,
         key,
         target_union: Some(TargetUnion::CreateRevision(0)),
+    }
+}
+
+/// `key` exists.
+pub fn present(key: Vec<u8>) -> pb::Compare {
+    pb::Compare {
+        result: CompareResult::Greater as i32,
+        target: CompareTarget::Version as i32,
+        key,
+        target_union: Some(TargetUnion::Version(0)),
+    }
+}
+
+/// `key` exists and was created at revision `rev` (the same key, not one
+/// deleted and made again since).
+pub fn created_at(key: Vec<u8>, rev: i64) -> pb::Compare {
+    pb::Compare {
+        result: CompareResult::Equal as i32,
+        target: CompareTarget::Create as i32,
+        key,
+        target_union: Some(TargetUnion::CreateRevision(rev)),
     }
 }
 

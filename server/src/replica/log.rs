@@ -1,8 +1,18 @@
 //! [`EtcdLog`]: the lease store in etcd, for replicas. Each commit is one
 //! etcd transaction fenced on the node's owner key: it applies only while
-//! `owners/NODE` is still bound to this replica's etcd lease, so a replica
+//! `owners/NODE` is still bound to this replica's etcd lease *and* is the
+//! key created at the batch's epoch (its create revision), so a replica
 //! that lost the node (its lease ended, another replica claimed it) can
-//! never commit a grant, a renewal or a release for it.
+//! never commit a grant, a renewal or a release for it, and a replica that
+//! got the node back commits nothing decided on the table of an earlier
+//! ownership period.
+//!
+//! Each op also states what it expects of its own keys, in the same
+//! transaction: a grant that the lease has neither a record nor a
+//! tombstone, an update that the record exists and has no tombstone. A
+//! transaction whose answer was lost may still be applied by etcd later
+//! (a paused member forwarding it once it resumes); these conditions make
+//! such a late write fail once the lease was settled otherwise.
 //!
 //! Group commit, as the embedded store: `submit` only queues; the
 //! committer takes every waiting batch, groups them by node (order kept
@@ -21,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::Replica;
 use super::etcd;
 use super::keys::Keys;
-use crate::store::durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError, Stored};
+use crate::store::durable::{Commit, Epoch, LeaseLog, LeaseOp, LeaseRecord, LogError, Stored};
 
 /// Writes in one transaction at most.
 pub const MAX_TXN_OPS: usize = 120;
@@ -31,6 +41,7 @@ pub const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis
 const MAX_BATCHES: usize = 4096;
 
 struct Batch {
+    epoch: Epoch,
     ops: Vec<LeaseOp>,
     done: oneshot::Sender<Result<(), LogError>>,
 }
@@ -64,7 +75,7 @@ impl EtcdLog {
     pub async fn load_node(&self, node: &str) -> Result<Stored, LogError> {
         let keys = &self.replica.keys;
         let t0 = Instant::now();
-        let err = |e: etcd::EtcdError| LogError(e.to_string());
+        let err = |e: etcd::EtcdError| LogError::refused(e.to_string());
         let (kvs, _) = self
             .replica
             .etcd
@@ -109,14 +120,14 @@ impl LeaseLog for EtcdLog {
         Ok(Stored::default())
     }
 
-    fn submit(&self, ops: Vec<LeaseOp>) -> Commit {
+    fn submit(&self, epoch: Epoch, ops: Vec<LeaseOp>) -> Commit {
         if ops.is_empty() {
             return Commit::done(Ok(()));
         }
         let (done, rx) = oneshot::channel();
-        match self.queue.send(Batch { ops, done }) {
+        match self.queue.send(Batch { epoch, ops, done }) {
             Ok(()) => Commit::waiting(rx),
-            Err(_) => Commit::done(Err(LogError("the committer stopped".into()))),
+            Err(_) => Commit::done(Err(LogError::refused("the committer stopped"))),
         }
     }
 
@@ -128,7 +139,11 @@ impl LeaseLog for EtcdLog {
     }
 
     fn writable(&self) -> Result<(), LogError> {
-        self.replica.writable().map_err(LogError)
+        self.replica.writable().map_err(LogError::refused)
+    }
+
+    fn authoritative(&self) -> bool {
+        true
     }
 }
 
@@ -144,10 +159,15 @@ async fn committer(replica: Arc<Replica>, tombs: Tombs, mut rx: mpsc::UnboundedR
             }
         }
         metrics::histogram!(crate::metrics::LEASE_COMMIT_BATCHES).record(batches.len() as f64);
+        // One group per node and ownership period: a transaction is
+        // fenced on one epoch.
         let mut groups: Vec<(Option<String>, Vec<Batch>)> = Vec::new();
         for b in batches {
             let node = b.ops.iter().find_map(|o| o.node()).map(str::to_string);
-            match groups.iter_mut().find(|g| g.0 == node) {
+            match groups
+                .iter_mut()
+                .find(|g| g.0 == node && g.1[0].epoch == b.epoch)
+            {
                 Some(g) => g.1.push(b),
                 None => groups.push((node, vec![b])),
             }
@@ -189,21 +209,44 @@ async fn commit_group(replica: Arc<Replica>, tombs: Tombs, node: Option<String>,
     }
 }
 
+/// One transaction for `chunk`. One whose conditions failed is made again
+/// batch by batch (a refusal is certain: nothing of it applied), so one
+/// stale batch refuses only itself.
 async fn commit_chunk(replica: &Replica, tombs: &Tombs, node: Option<&str>, chunk: Vec<Batch>) {
-    let t0 = Instant::now();
-    let r = write(replica, tombs, node, &chunk).await;
-    metrics::histogram!(crate::metrics::LEASE_COMMIT_SECONDS).record(t0.elapsed().as_secs_f64());
-    super::observe_etcd("commit", t0);
-    if let Err(e) = &r {
-        metrics::counter!(crate::metrics::LEASE_STORE_ERRORS).increment(1);
-        tracing::warn!(error = %e, node, "lease commit refused");
+    let r = write_observed(replica, tombs, node, &chunk).await;
+    if matches!(&r, Err(e) if !e.unknown) && chunk.len() > 1 {
+        for b in chunk {
+            let one = [b];
+            let r = write_observed(replica, tombs, node, &one).await;
+            let [b] = one;
+            let _ = b.done.send(r);
+        }
+        return;
     }
     for b in chunk {
         let _ = b.done.send(r.clone());
     }
 }
 
-/// The chunk's ops as one transaction, fenced on `node`'s owner key.
+async fn write_observed(
+    replica: &Replica,
+    tombs: &Tombs,
+    node: Option<&str>,
+    chunk: &[Batch],
+) -> Result<(), LogError> {
+    let t0 = Instant::now();
+    let r = write(replica, tombs, node, chunk).await;
+    metrics::histogram!(crate::metrics::LEASE_COMMIT_SECONDS).record(t0.elapsed().as_secs_f64());
+    super::observe_etcd("commit", t0);
+    if let Err(e) = &r {
+        metrics::counter!(crate::metrics::LEASE_STORE_ERRORS).increment(1);
+        tracing::warn!(error = %e, unknown = e.unknown, node, "lease commit not acknowledged");
+    }
+    r
+}
+
+/// The chunk's ops as one transaction, fenced on `node`'s owner key at
+/// the chunk's epoch, each op's own condition beside the fence.
 async fn write(
     replica: &Replica,
     tombs: &Tombs,
@@ -213,20 +256,22 @@ async fn write(
     let keys = &replica.keys;
     let mut compare = Vec::new();
     if let Some(n) = node {
-        let lease = replica.fence(n).ok_or_else(|| {
-            LogError(format!(
-                "replica {} does not hold node {n} now (handed over, or etcd lost): the change is refused",
-                replica.id
-            ))
-        })?;
-        compare.push(etcd::bound_to(keys.owner(n), lease));
+        compare.extend(fence(replica, n, chunk[0].epoch)?);
     }
     // Key -> its last value (None: deleted), in key order: etcd refuses a
     // transaction that writes one key twice.
     let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+    let mut expected = std::collections::HashSet::new();
     {
         let mut tombs = tombs.lock().unwrap_or_else(PoisonError::into_inner);
         for op in chunk.iter().flat_map(|b| &b.ops) {
+            // The state before the transaction is what the first op on a
+            // lease expects of it; later ops on it follow from that one.
+            if let Some(c) = expects(keys, op)
+                && expected.insert(c.0)
+            {
+                compare.extend(c.1);
+            }
             fold(keys, &mut tombs, op, &mut writes)?;
         }
     }
@@ -237,25 +282,70 @@ async fn write(
             None => etcd::delete(k),
         })
         .collect();
-    // Bounded well inside a call's deadline: without a quorum the grant is
-    // refused UNAVAILABLE, not left to the caller's timeout.
+    // Bounded well inside a call's deadline: without a quorum the caller
+    // hears UNAVAILABLE, not its own timeout, and the outcome is settled.
     let r = tokio::time::timeout(COMMIT_TIMEOUT, replica.etcd.txn(compare, ops, Vec::new()))
         .await
         .map_err(|_| {
-            LogError(format!(
-                "etcd did not commit within {} ms (no quorum?)",
+            LogError::unknown(format!(
+                "etcd did not answer within {} ms (no quorum?); the change may still apply",
                 COMMIT_TIMEOUT.as_millis()
             ))
         })?
-        .map_err(|e| LogError(e.to_string()))?;
+        .map_err(|e| LogError::unknown(e.to_string()))?;
     if !r.succeeded {
-        return Err(LogError(format!(
-            "replica {} no longer owns node {}: the change is refused",
+        return Err(LogError::refused(format!(
+            "replica {} no longer owns node {} in this ownership period, or the lease changed: the change is refused",
             replica.id,
             node.unwrap_or("")
         )));
     }
     Ok(())
+}
+
+/// The fence of a batch on `node` at `epoch`: the owner key is still this
+/// replica's, bound to its etcd lease, and is the key created at `epoch`.
+fn fence(replica: &Replica, node: &str, epoch: Epoch) -> Result<Vec<etcd::Compare>, LogError> {
+    let keys = &replica.keys;
+    let (lease, now) = replica.fence(node).ok_or_else(|| {
+        LogError::refused(format!(
+            "replica {} does not hold node {node} now (handed over, or etcd lost): the change is refused",
+            replica.id
+        ))
+    })?;
+    if epoch == 0 || epoch != now {
+        return Err(LogError::refused(format!(
+            "node {node}: the change was decided in ownership period {epoch}, replica {} holds it in period {now}: refused",
+            replica.id
+        )));
+    }
+    Ok(vec![
+        etcd::bound_to(keys.owner(node), lease),
+        etcd::created_at(keys.owner(node), epoch),
+    ])
+}
+
+/// What an op expects of its lease's keys before the transaction: the
+/// lease's id, and the conditions.
+fn expects(keys: &Keys, op: &LeaseOp) -> Option<(u64, Vec<etcd::Compare>)> {
+    match op {
+        LeaseOp::Grant(r) => Some((
+            r.id,
+            vec![
+                etcd::absent(keys.lease(&r.node, r.id)),
+                etcd::absent(keys.ended(&r.node, r.id)),
+            ],
+        )),
+        LeaseOp::Put(r) => Some((
+            r.id,
+            vec![
+                etcd::present(keys.lease(&r.node, r.id)),
+                etcd::absent(keys.ended(&r.node, r.id)),
+            ],
+        )),
+        LeaseOp::Settle(r) => Some((r.id, vec![etcd::absent(keys.ended(&r.node, r.id))])),
+        _ => None,
+    }
 }
 
 /// One op as the key writes it makes.
@@ -266,8 +356,9 @@ fn fold(
     w: &mut BTreeMap<Vec<u8>, Option<Vec<u8>>>,
 ) -> Result<(), LogError> {
     match op {
-        LeaseOp::Put(r) => {
-            let json = serde_json::to_vec(r).map_err(|e| LogError(format!("encode: {e}")))?;
+        LeaseOp::Grant(r) | LeaseOp::Settle(r) | LeaseOp::Put(r) => {
+            let json =
+                serde_json::to_vec(r).map_err(|e| LogError::refused(format!("encode: {e}")))?;
             w.insert(keys.lease(&r.node, r.id), Some(json));
             w.insert(keys.lease_id(r.id), Some(r.node.clone().into_bytes()));
         }

@@ -79,8 +79,9 @@ pub enum ClaimError {
 
 /// What [`Replica::take_key`] found.
 pub(crate) enum Taken {
-    /// The key was absent and is now this replica's.
-    Created,
+    /// The key was absent and is now this replica's, created at this
+    /// revision.
+    Created(i64),
     /// Someone holds it (`None`: it changed again before it was read).
     Held(Option<fairplace_proto::etcd::KeyValue>),
 }
@@ -110,8 +111,9 @@ pub struct Replica {
     /// node -> its owner's id, as watched in etcd.
     owners: DashMap<String, String>,
     /// Nodes whose owner key this replica wrote -> the lease it is bound
-    /// to, and when it was claimed.
-    owned: DashMap<String, (i64, Instant)>,
+    /// to, the key's create revision (the ownership period's epoch, what
+    /// lease commits are fenced on), and when it was claimed.
+    owned: DashMap<String, (i64, i64, Instant)>,
     /// Nodes whose owner key ended (owner gone, node handed over) and that
     /// no replica has claimed since -> when: a call for one is "retry"
     /// (UNAVAILABLE), not "no such node".
@@ -271,19 +273,22 @@ impl Replica {
         self.leader.load(Ordering::Relaxed) && self.live_lease().is_some()
     }
 
-    /// The fence of `node`: the etcd lease its owner key was written under,
-    /// if this replica holds it and is alive.
-    pub fn fence(&self, node: &str) -> Option<i64> {
+    /// The fence of `node`: the etcd lease its owner key was written under
+    /// and the key's create revision (the epoch), if this replica holds it
+    /// and is alive.
+    pub fn fence(&self, node: &str) -> Option<(i64, i64)> {
         let live = self.live_lease()?;
-        let l = self.owned.get(node)?.0;
-        (l == live).then_some(l)
+        let (l, epoch, _) = *self.owned.get(node)?;
+        (l == live).then_some((l, epoch))
     }
 
     /// Claims `node` for this replica: its owner key is created, bound to
     /// this replica's etcd lease, only where there is none (or it is this
     /// replica's already). Refused when rendezvous hashing gives the node
-    /// to another live member.
-    pub async fn claim(&self, node: &str) -> Result<(), ClaimError> {
+    /// to another live member. Returns the ownership period's epoch (the
+    /// key's create revision): a new one means the node's leases must be
+    /// read again before anything is decided on them.
+    pub async fn claim(&self, node: &str) -> Result<i64, ClaimError> {
         if let Some(o) = self.hrw_owner(node)
             && o.id != self.id
         {
@@ -299,12 +304,13 @@ impl Replica {
             .take_key(self.keys.owner(node), lease, "claim")
             .await
             .map_err(|e| ClaimError::Unavailable(e.to_string()))?;
-        let holder = match taken {
-            Taken::Created => None,
-            Taken::Held(kv) => Some(kv),
+        let (holder, created) = match taken {
+            Taken::Created(rev) => (None, rev),
+            Taken::Held(kv) => (Some(kv), 0),
         };
         if holder.is_none() {
-            self.owned.insert(node.to_string(), (lease, Instant::now()));
+            self.owned
+                .insert(node.to_string(), (lease, created, Instant::now()));
             self.owners.insert(node.to_string(), self.id.clone());
             metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);
             // The member set may have changed while the claim was in
@@ -317,14 +323,20 @@ impl Replica {
                 self.release(node).await;
                 return Err(ClaimError::Elsewhere(o));
             }
-            return Ok(());
+            return Ok(created);
         }
         match holder.flatten() {
             Some(kv) if self.is_mine(&kv, lease) => {
+                let epoch = kv.create_revision;
                 self.owned
                     .entry(node.to_string())
-                    .or_insert((lease, Instant::now()));
-                Ok(())
+                    .and_modify(|e| {
+                        if e.1 != epoch {
+                            *e = (lease, epoch, Instant::now());
+                        }
+                    })
+                    .or_insert((lease, epoch, Instant::now()));
+                Ok(epoch)
             }
             // Rendezvous hashing gives the node to this replica: the holder
             // is handing it over, or left and its etcd lease has not ended.
@@ -357,7 +369,7 @@ impl Replica {
             .await?;
         observe_etcd(op, t0);
         if r.succeeded {
-            return Ok(Taken::Created);
+            return Ok(Taken::Created(r.header.map_or(0, |h| h.revision)));
         }
         Ok(Taken::Held(r.responses.into_iter().find_map(
             |op| match op.response {
@@ -377,7 +389,7 @@ impl Replica {
     /// Gives up `node`: its owner key is deleted if it is still this
     /// replica's (bound to the lease it was written under).
     pub async fn release(&self, node: &str) {
-        let Some((_, (lease, _))) = self.owned.remove(node) else {
+        let Some((_, (lease, _, _))) = self.owned.remove(node) else {
             return;
         };
         metrics::gauge!(m::REPLICA_OWNED_NODES).set(self.owned.len() as f64);

@@ -240,7 +240,9 @@ impl ReportStream {
             // Leases reach this node through this stream from now on, and
             // its live ones are applied again.
             self.hub.attach(&node.id, generation, self.tx.clone());
-            let drop = Box::pin(super::allocate::reconcile(&self.store, &node, &held)).await;
+            let sink: Arc<dyn crate::store::lease_settle::EndSink> =
+                Arc::clone(&self.hub) as Arc<dyn crate::store::lease_settle::EndSink>;
+            let drop = Box::pin(super::allocate::reconcile(&self.store, &sink, &node, &held)).await;
             Box::pin(self.hub.resend(&self.store, &node, &self.tx, drop)).await;
         }
         Some((node, generation, moved, serving))

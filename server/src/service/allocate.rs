@@ -3,14 +3,21 @@
 //!
 //! An allocation is validated (every field named in its refusal), decided
 //! by a policy of `crate::engine::alloc` under the node's writer (so concurrent
-//! allocations never share a CPU) and committed as a lease in the store,
-//! where it counts in every later decision; the call answers only once the
-//! lease log made it durable. With `apply`, the lease goes to the node's
+//! allocations never share a CPU) and taken as a pending lease in the store,
+//! where its CPUs count in every later decision; it is answered, counted
+//! and sent to its agent only once the lease log acknowledged it. A
+//! release frees nothing and a renewal extends nothing until their commits
+//! are acknowledged; an unknown outcome is answered UNAVAILABLE and settled
+//! by `store/lease_settle.rs`. With `apply`, the lease goes to the node's
 //! agent over its Report stream as an unsolicited Ack, and the call returns
 //! only when the agent answered, failed or timed out; a lease that could
-//! not be applied is released before the error is returned. Every lease,
+//! not be applied is ended before the error is returned. Every lease,
 //! applied or not, is sent to its node's agent, which keeps it on record
 //! (the node is the lease's second witness, `store/lease_recovery.rs`).
+//!
+//! A `request_id` makes AllocateCpus idempotent: a retry by the same
+//! identity gets the first grant's answer, waiting while the first is
+//! still being committed.
 //!
 //! A lease belongs to the identity that took it: Renew and Release by
 //! anyone else but an admin are PERMISSION_DENIED.
@@ -33,9 +40,10 @@ use crate::engine::alloc::{self, Grant, NoRoom, Policy};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::Task;
 use crate::metrics as m;
+use crate::store::lease_settle::{self, EndSink, Settling};
 use crate::store::{
-    Commit, Ended, Lease, LeaseRecord, LeaseRefusal, NewLease, Node, Reconciled, Store, Target,
-    Unallocatable, wall_ms,
+    Commit, EndKind, Lease, LeaseRecord, LeaseRefusal, NewLease, Node, Phase, Reconciled, Store,
+    Target, Unallocatable, wall_ms,
 };
 
 /// What the lease calls use: the store, the hub to the agents, and the
@@ -54,6 +62,12 @@ pub const MAX_CGROUP_BYTES: usize = 4096;
 /// Allocations whose cost (count x online CPUs) is above this run in the
 /// heavy pool, off the async workers.
 const HEAVY_COST: usize = 4096;
+
+/// Longest request id accepted, in bytes.
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
+/// How long a retried AllocateCpus waits for the first call with its
+/// request id to be committed before it answers UNAVAILABLE.
+const RETRY_WAIT: Duration = Duration::from_millis(1500);
 
 /// Longest owner (a SPIFFE ID) and policy name a held lease may carry.
 const MAX_OWNER_BYTES: usize = 2048;
@@ -82,13 +96,20 @@ pub fn held_record(g: &pb::LeaseGrant, node: &str) -> LeaseRecord {
         expires_at_ms: g.expires_at_unix_ms,
         granted_at_ms: g.granted_at_unix_ms,
         applied: g.target.is_some(),
+        request_id: String::new(),
     }
 }
 
 /// Reconciles the leases a registering agent holds and logs what happened;
 /// returns the ids the agent must drop. Waits for the adoptions to be
-/// durable before the agent is told anything.
-pub async fn reconcile(store: &Store, node: &Node, held: &[pb::LeaseGrant]) -> Vec<u64> {
+/// committed before the agent is told anything: an adopted lease is
+/// pending until then, and settled like any grant.
+pub async fn reconcile(
+    store: &Arc<Store>,
+    sink: &Arc<dyn EndSink>,
+    node: &Node,
+    held: &[pb::LeaseGrant],
+) -> Vec<u64> {
     // A report whose strings are beyond what a grant can carry is not a
     // lease this server made: refused, never stored.
     let (fit, unfit): (Vec<&pb::LeaseGrant>, Vec<&pb::LeaseGrant>) =
@@ -100,26 +121,58 @@ pub async fn reconcile(store: &Store, node: &Node, held: &[pb::LeaseGrant]) -> V
         mut conflicts,
         expired,
         mut release_on_node,
-        ended,
         commit,
+        adopted_ids,
     } = store.reconcile_leases(node, &records);
     for g in &unfit {
         tracing::warn!(node = %node.id, lease = g.lease_id, "a lease the agent holds has fields out of bounds: released on the node");
         release_on_node.push(g.lease_id);
         conflicts += 1;
     }
-    if !ended.is_empty() {
-        metrics::counter!(m::LEASES_ENDED, "how" => "conflict").increment(ended.len() as u64);
-    }
-    if let Some(c) = commit
-        && let Err(e) = c.wait().await
-    {
-        tracing::error!(node = %node.id, error = %e, "adopted leases could not be made durable");
+    if let Some(c) = commit {
+        settle_adopted(store, sink, &node.id, adopted_ids, c).await;
     }
     if !held.is_empty() || !release_on_node.is_empty() {
         tracing::info!(node = %node.id, reported = held.len(), kept, adopted, conflicts, expired, "leases reconciled with the node's agent");
     }
     release_on_node
+}
+
+/// Settles the adoptions committed by `commit` (one batch): each a grant
+/// settled forward (the agent holds it, and knows its id).
+async fn settle_adopted(
+    store: &Arc<Store>,
+    sink: &Arc<dyn EndSink>,
+    node: &str,
+    ids: Vec<u64>,
+    commit: Commit,
+) {
+    let r = commit.wait().await;
+    if let Err(e) = &r {
+        tracing::error!(node, error = %e, "adopted leases could not be made durable");
+    }
+    for id in ids {
+        match &r {
+            Ok(()) => {
+                store.grant_settled(id, true);
+            }
+            Err(e) if !e.unknown => {
+                store.grant_settled(id, false);
+            }
+            Err(e) => {
+                // Settled forward on its own: the write again decides.
+                let again = Commit::done(Err(e.clone()));
+                // Nobody waits for the first outcome: the settler goes on.
+                drop(lease_settle::spawn(
+                    store,
+                    sink,
+                    id,
+                    Settling::Grant { forward: true },
+                    again,
+                ));
+            }
+        }
+    }
 }
 
 /// Leases as GetNode shows them.
@@ -150,6 +203,7 @@ struct Checked {
     owner: String,
     ttl: Duration,
     target: Option<Target>,
+    request_id: String,
 }
 
 fn invalid(field: &str, msg: impl std::fmt::Display) -> Status {
@@ -203,6 +257,15 @@ fn check(
         ));
     }
     check_ttl(r.ttl_ms, max_ttl)?;
+    if r.request_id.len() > MAX_REQUEST_ID_BYTES || r.request_id.chars().any(char::is_control) {
+        return Err(invalid(
+            "request_id",
+            format!(
+                "{} must be at most {MAX_REQUEST_ID_BYTES} bytes without control characters",
+                convert::quote(&r.request_id)
+            ),
+        ));
+    }
     // A pid or a cgroup path means something on one machine only: a
     // cluster allocation would hand it to whichever node the slow path
     // chose, which would pin its own process of that pid.
@@ -223,6 +286,7 @@ fn check(
         owner: caller.owner(),
         ttl,
         target: r.apply.as_ref().map(check_target).transpose()?,
+        request_id: r.request_id.clone(),
     })
 }
 
@@ -311,6 +375,28 @@ fn node_task(
     Ok(task)
 }
 
+/// Why [`decide`] granted nothing: no room (or a store refusal, as the
+/// policies word it), or the caller's request id already has a lease.
+enum NotDecided {
+    NoRoom(NoRoom),
+    Requested,
+}
+
+impl From<NoRoom> for NotDecided {
+    fn from(e: NoRoom) -> Self {
+        NotDecided::NoRoom(e)
+    }
+}
+
+impl From<Unallocatable> for NotDecided {
+    fn from(u: Unallocatable) -> NotDecided {
+        match u {
+            Unallocatable::Requested(_) => NotDecided::Requested,
+            u => NotDecided::NoRoom(u.into()),
+        }
+    }
+}
+
 /// A grant the store would not make, as the policies' refusal.
 impl From<Unallocatable> for NoRoom {
     fn from(u: Unallocatable) -> NoRoom {
@@ -323,22 +409,24 @@ impl From<Unallocatable> for NoRoom {
                 reason: "caller_limit",
                 message: format!("count: {why}"),
             },
+            Unallocatable::Requested(id) => NoRoom {
+                reason: "request_id",
+                message: format!("request_id: already granted as lease {id}"),
+            },
         }
     }
 }
 
 /// A lease granted but not answered yet. Dropped before
-/// [`Unanswered::answered`] (the call failed, or its caller went away and
-/// the call's future was dropped mid-way, in the heavy pool or while it
-/// waited for the log or the agent) it is released and its agent told, so
-/// no lease outlives an AllocateCpus nobody got an answer to.
+/// [`Unanswered::answered`] (its caller went away and the call's future was
+/// dropped mid-way, in the heavy pool or while it waited for the log or
+/// the agent) the lease is ended once its grant is settled, so no lease
+/// nobody can know the id of outlives its AllocateCpus. One with a request
+/// id is kept: the caller's retry finds it.
 struct Unanswered {
     store: Arc<Store>,
-    hub: Arc<LeaseHub>,
-    node: String,
+    sink: Arc<dyn EndSink>,
     id: u64,
-    /// How it ends if dropped (`fairplace_leases_ended_total{how}`).
-    how: &'static str,
     armed: bool,
 }
 
@@ -346,34 +434,48 @@ impl Unanswered {
     fn answered(mut self) {
         self.armed = false;
     }
-
-    /// Ends it now, counted as `how`.
-    fn fail(mut self, how: &'static str) {
-        self.how = how;
-    }
 }
 
 impl Drop for Unanswered {
     fn drop(&mut self) {
         if self.armed {
-            end_unanswered(&self.store, self.id, self.how);
-            self.hub.notify_released(&self.node, vec![self.id]);
+            let (store, sink, id) = (Arc::clone(&self.store), Arc::clone(&self.sink), self.id);
+            tokio::spawn(async move { end_when_settled(&store, &sink, id, "abandoned").await });
+        }
+    }
+}
+
+/// Ends lease `id` once no change of it is in flight (a pending grant is
+/// settled first), counted as `how`, and waits for the end's first
+/// outcome (an unknown one is settled on); gives up after a few seconds of
+/// a change that does not settle (the settler then owns the lease's fate).
+async fn end_when_settled(store: &Arc<Store>, sink: &Arc<dyn EndSink>, id: u64, how: &'static str) {
+    for _ in 0..100 {
+        match store.begin_end(id, EndKind::Release, |_| Ok::<(), ()>(())) {
+            Ok((_, _, commit)) => {
+                metrics::counter!(m::LEASES_ENDED, "how" => how).increment(1);
+                let what = Settling::End(EndKind::Release);
+                let _ = lease_settle::spawn(store, sink, id, what, commit).await;
+                return;
+            }
+            Err(LeaseRefusal::Busy(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(_) => return,
         }
     }
 }
 
 /// What [`decide`] grants: the policy's answer, the lease, the snapshot
-/// version it was decided on, its commit, and its guard.
-type Decided = (Grant, Lease, u64, Commit, Unanswered);
+/// version it was decided on, and its commit.
+type Decided = (Grant, Lease, u64, Commit);
 
-/// Decides the lease under the node's writer and submits it to the log.
+/// Decides the lease under the node's writer and submits its grant.
 fn decide(
-    (store, hub): (&Arc<Store>, &Arc<LeaseHub>),
+    store: &Arc<Store>,
     node: &Node,
     task: &Task,
     c: &Checked,
     now: Instant,
-) -> Result<Decided, NoRoom> {
+) -> Result<Decided, NotDecided> {
     let sys = store.config.system;
     let ((grant, version), lease, commit) = store.allocate_locked(node, now, |snap, leased| {
         let req = alloc::Request {
@@ -394,18 +496,11 @@ fn decide(
             owner: c.owner.clone(),
             ttl: c.ttl,
             target: c.target.clone(),
+            request_id: c.request_id.clone(),
         };
-        Ok::<_, NoRoom>(((grant, snap.version), new))
+        Ok::<_, NotDecided>(((grant, snap.version), new))
     })?;
-    let guard = Unanswered {
-        store: Arc::clone(store),
-        hub: Arc::clone(hub),
-        node: node.id.clone(),
-        id: lease.id,
-        how: "abandoned",
-        armed: true,
-    };
-    Ok((grant, lease, version, commit, guard))
+    Ok((grant, lease, version, commit))
 }
 
 fn refused(policy: &str, reason: &str) {
@@ -427,13 +522,18 @@ pub async fn allocate_cpus(
     out.map_err(|(_, s)| s)
 }
 
+type Refusal = (&'static str, Status);
+
 async fn allocate_inner(
     p: &Leasing<'_>,
     caller: &Caller,
     r: pb::AllocateCpusRequest,
-) -> Result<pb::AllocateCpusResponse, (&'static str, Status)> {
+) -> Result<pb::AllocateCpusResponse, Refusal> {
     let c = check(&r, caller, p.store.config.max_lease_ttl).map_err(|s| ("invalid", s))?;
     writable(p.store).map_err(|s| ("store", s))?;
+    if let Some(answer) = retried(p.store, &r, &c).await? {
+        return Ok(answer);
+    }
     let node = choose_node(p, &r).map_err(|s| ("node", s))?;
     let now = Instant::now();
     let (snap, _) = super::fresh_snapshot(p.store, &node, now).map_err(|s| ("node", s))?;
@@ -442,40 +542,75 @@ async fn allocate_inner(
     drop(snap);
     let c = Arc::new(c);
     let decided = if cost <= HEAVY_COST {
-        decide((p.store, p.hub), &node, &task, &c, now)
+        decide(p.store, &node, &task, &c, now)
     } else {
-        let (store, hub) = (Arc::clone(p.store), Arc::clone(p.hub));
+        let store = Arc::clone(p.store);
         let (n, c2) = (Arc::clone(&node), Arc::clone(&c));
         p.heavy
-            .run("allocate", move || {
-                decide((&store, &hub), &n, &task, &c2, now)
-            })
+            .run("allocate", move || decide(&store, &n, &task, &c2, now))
             .await
             .map_err(|s| ("busy", s))?
     };
-    let (grant, lease, version, commit, guard) =
-        decided.map_err(|e| (e.reason, Status::resource_exhausted(e.message)))?;
-    if let Err(e) = commit.wait().await {
-        // Not durable: not granted. Its CPUs go back at once.
-        guard.fail("store_failed");
-        return Err(("store", Status::unavailable(e.to_string())));
-    }
-    let mut applied = false;
-    if lease.target.is_some() {
-        if let Err(s) = p.hub.apply(p.store, &node, &lease).await {
-            guard.fail("apply_failed");
-            return Err(("apply", s));
+    let (grant, lease, version, commit) = match decided {
+        Ok(d) => d,
+        Err(NotDecided::NoRoom(e)) => {
+            return Err((e.reason, Status::resource_exhausted(e.message)));
         }
-        applied = true;
-    } else {
-        p.hub.push(
-            &node.id,
-            pb::Ack {
-                grants: vec![grant_pb(&lease, &node.id)],
-                ..Default::default()
-            },
-        );
-    }
+        // A retry that raced the first call to the index.
+        Err(NotDecided::Requested) => {
+            return retried(p.store, &r, &c).await?.ok_or_else(|| {
+                (
+                    "busy",
+                    Status::unavailable(
+                        "request_id: the first call's lease ended meanwhile; retry",
+                    ),
+                )
+            });
+        }
+    };
+    let sink: Arc<dyn EndSink> = Arc::clone(p.hub) as Arc<dyn EndSink>;
+    let guard = Unanswered {
+        store: Arc::clone(p.store),
+        sink: Arc::clone(&sink),
+        id: lease.id,
+        armed: c.request_id.is_empty(),
+    };
+    let forward = !c.request_id.is_empty();
+    let settled = lease_settle::spawn(
+        p.store,
+        &sink,
+        lease.id,
+        Settling::Grant { forward },
+        commit,
+    );
+    let lease = match settled.await {
+        Ok(Ok(Some((_, l)))) => l,
+        Ok(Ok(None)) => {
+            guard.answered();
+            return Err((
+                "store",
+                Status::unavailable(
+                    "node_id: the node's leases were read again while the grant was committed; nothing was granted, retry",
+                ),
+            ));
+        }
+        Ok(Err(e)) => {
+            // Refused: nothing was granted. Unknown: the settler decides,
+            // and a retry with the request id finds what it decided.
+            guard.answered();
+            return Err((
+                "store",
+                Status::unavailable(format!(
+                    "{e}; nothing is granted until the lease store acknowledges it"
+                )),
+            ));
+        }
+        Err(_) => {
+            guard.answered();
+            return Err(("store", Status::unavailable("the lease settler stopped")));
+        }
+    };
+    let applied = send_to_agent(p, &node, &lease, &sink).await?;
     guard.answered();
     metrics::counter!(m::LEASE_GRANTS, "policy" => c.policy.as_str()).increment(1);
     tracing::debug!(node = %node.id, lease = lease.id, cpus = %lease.cpus, policy = c.policy.as_str(), holder = %c.holder, "lease granted");
@@ -500,12 +635,111 @@ async fn allocate_inner(
     })
 }
 
-/// Ends a lease whose grant is being refused (the log deletes it in order).
-fn end_unanswered(store: &Store, id: u64, how: &'static str) {
-    if let Ok((_, commit)) = store.release_lease(id, |_| Ok::<(), ()>(())) {
-        commit.detach();
+/// A committed lease to its node's agent: applied there (and waited for)
+/// when it has a target, else kept on record. One that cannot be applied
+/// is ended, and the agent's refusal is the answer.
+async fn send_to_agent(
+    p: &Leasing<'_>,
+    node: &Node,
+    lease: &Lease,
+    sink: &Arc<dyn EndSink>,
+) -> Result<bool, Refusal> {
+    if lease.target.is_none() {
+        p.hub.push(
+            &node.id,
+            pb::Ack {
+                grants: vec![grant_pb(lease, &node.id)],
+                ..Default::default()
+            },
+        );
+        return Ok(false);
     }
-    metrics::counter!(m::LEASES_ENDED, "how" => how).increment(1);
+    if let Err(s) = p.hub.apply(p.store, node, lease).await {
+        end_when_settled(p.store, sink, lease.id, "apply_failed").await;
+        return Err(("apply", s));
+    }
+    Ok(true)
+}
+
+/// The answer for a retried AllocateCpus: the first grant's, when the
+/// caller's request id has a lease (waiting while the first call is still
+/// being committed); `None` when it has none.
+async fn retried(
+    store: &Store,
+    r: &pb::AllocateCpusRequest,
+    c: &Checked,
+) -> Result<Option<pb::AllocateCpusResponse>, Refusal> {
+    if c.request_id.is_empty() {
+        return Ok(None);
+    }
+    let give_up = Instant::now() + RETRY_WAIT;
+    loop {
+        let Some((node, l)) = store.requested(&c.owner, &c.request_id) else {
+            return Ok(None);
+        };
+        if l.phase != Phase::Pending {
+            return first_answer(r, c, &node, &l).map(Some);
+        }
+        if Instant::now() >= give_up {
+            return Err((
+                "busy",
+                Status::unavailable(format!(
+                    "request_id: the first call with {} is still being committed; retry with the same request_id",
+                    convert::quote(&c.request_id)
+                )),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The first grant's answer for a retry, or why the retry does not ask for
+/// what the first call asked (a reused request id).
+fn first_answer(
+    r: &pb::AllocateCpusRequest,
+    c: &Checked,
+    node: &str,
+    l: &Lease,
+) -> Result<pb::AllocateCpusResponse, Refusal> {
+    let other_node = !r.node_id.is_empty() && r.node_id != node;
+    if other_node || l.cpus.weight() != c.count || l.policy != c.policy.as_str() {
+        return Err((
+            "invalid",
+            invalid(
+                "request_id",
+                format!(
+                    "{} was used for lease {} ({} CPUs, policy {}, node {}): a retry must ask for the same",
+                    convert::quote(&c.request_id),
+                    l.id,
+                    l.cpus.weight(),
+                    l.policy,
+                    convert::quote(node)
+                ),
+            ),
+        ));
+    }
+    Ok(pb::AllocateCpusResponse {
+        lease_id: l.id,
+        cpus: l.cpus.to_string(),
+        per_cpu: l
+            .cpus
+            .iter()
+            .map(|cpu| pb::LeasedCpu {
+                cpu: cpu as u32,
+                path: "retry".into(),
+            })
+            .collect(),
+        scanned: 0,
+        explanation: format!(
+            "the lease granted to request_id {} (a retried call)",
+            convert::quote(&c.request_id)
+        ),
+        node_id: node.to_string(),
+        policy: l.policy.clone(),
+        ttl_ms: l.ttl.as_millis() as u32,
+        applied: l.applied,
+        state_version: 0,
+    })
 }
 
 /// A Release or Renew that did not happen, as a status.
@@ -513,6 +747,9 @@ fn refusal(id: u64, r: LeaseRefusal<Status>) -> Status {
     match r {
         LeaseRefusal::NotFound => no_lease(id),
         LeaseRefusal::Refused(s) => s,
+        LeaseRefusal::Busy(why) => {
+            Status::unavailable(format!("lease_id: lease {id}: {why}; retry"))
+        }
     }
 }
 
@@ -530,7 +767,9 @@ fn writable(store: &Store) -> Result<(), Status> {
         .map_err(|e| Status::unavailable(e.to_string()))
 }
 
-/// ReleaseCpus: the owner's or an admin's; durable before it answers.
+/// ReleaseCpus: the owner's or an admin's; the CPUs are free and the call
+/// answers only once the end is committed. A retry of a release whose
+/// outcome was unknown joins it and answers OK once it is settled.
 pub async fn release_cpus(
     p: Leasing<'_>,
     caller: &Caller,
@@ -540,27 +779,38 @@ pub async fn release_cpus(
         return Err(invalid("lease_id", "must not be 0"));
     }
     writable(p.store)?;
-    let (ended, commit): (Ended, Commit) = p
+    let (_, lease, commit) = p
         .store
-        .release_lease(r.lease_id, |l| {
+        .begin_end(r.lease_id, EndKind::Release, |l| {
             identity::check_lease_owner(caller, "release", l.id, &l.owner)
         })
         .map_err(|e| refusal(r.lease_id, e))?;
-    metrics::counter!(m::LEASES_ENDED, "how" => "released").increment(1);
-    p.hub.notify_released(&ended.node, vec![ended.lease.id]);
-    commit.wait().await.map_err(|e| {
-        Status::unavailable(format!(
-            "lease {} is released here, but {e}: it may come back after a restart until it expires",
+    let sink: Arc<dyn EndSink> = Arc::clone(p.hub) as Arc<dyn EndSink>;
+    let what = Settling::End(EndKind::Release);
+    let settled = lease_settle::spawn(p.store, &sink, r.lease_id, what, commit).await;
+    match settled {
+        Ok(Ok(Some((node, l)))) => {
+            metrics::counter!(m::LEASES_ENDED, "how" => "released").increment(1);
+            Ok(pb::ReleaseCpusResponse {
+                node_id: node,
+                cpus: l.cpus.to_string(),
+            })
+        }
+        // Settled by another call meanwhile (a retry, the settler): ended.
+        Ok(Ok(None)) => Ok(pb::ReleaseCpusResponse {
+            node_id: p.store.lease_node(r.lease_id).unwrap_or_default(),
+            cpus: lease.cpus.to_string(),
+        }),
+        Ok(Err(e)) => Err(Status::unavailable(format!(
+            "lease {}: {e}; the lease keeps its CPUs until the outcome is known (retry the release)",
             r.lease_id
-        ))
-    })?;
-    Ok(pb::ReleaseCpusResponse {
-        node_id: ended.node,
-        cpus: ended.lease.cpus.to_string(),
-    })
+        ))),
+        Err(_) => Err(Status::unavailable("the lease settler stopped")),
+    }
 }
 
-/// RenewLease: the owner's or an admin's; durable before it answers.
+/// RenewLease: the owner's or an admin's; the lease is extended only once
+/// the renewal is committed.
 pub async fn renew_lease(
     p: Leasing<'_>,
     caller: &Caller,
@@ -572,16 +822,20 @@ pub async fn renew_lease(
     check_ttl(r.ttl_ms, p.store.config.max_lease_ttl)?;
     writable(p.store)?;
     let ttl = (r.ttl_ms > 0).then(|| Duration::from_millis(r.ttl_ms as u64));
-    let (node, l, commit) = p
+    let (_, renewal, commit) = p
         .store
-        .renew_lease(r.lease_id, ttl, Instant::now(), |l| {
+        .begin_renew(r.lease_id, ttl, Instant::now(), |l| {
             identity::check_lease_owner(caller, "renew", l.id, &l.owner)
         })
         .map_err(|e| refusal(r.lease_id, e))?;
-    commit
-        .wait()
-        .await
-        .map_err(|e| Status::unavailable(e.to_string()))?;
+    let sink: Arc<dyn EndSink> = Arc::clone(p.hub) as Arc<dyn EndSink>;
+    let what = Settling::Renew(renewal);
+    let (node, l) = match lease_settle::spawn(p.store, &sink, r.lease_id, what, commit).await {
+        Ok(Ok(Some(x))) => x,
+        Ok(Ok(None)) => return Err(no_lease(r.lease_id)),
+        Ok(Err(e)) => return Err(Status::unavailable(e.to_string())),
+        Err(_) => return Err(Status::unavailable("the lease settler stopped")),
+    };
     p.hub.push(
         &node,
         pb::Ack {
@@ -598,20 +852,24 @@ pub async fn renew_lease(
     })
 }
 
-/// Ends expired leases every 100 ms and tells their agents.
+/// Starts ending expired leases every 100 ms; each end is settled on its
+/// own, and the agent told before the CPUs are free.
 pub fn spawn_expiry(store: Arc<Store>, hub: Arc<LeaseHub>) -> tokio::task::JoinHandle<()> {
+    let sink: Arc<dyn EndSink> = hub;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
             tick.tick().await;
-            let ended = store.expire_leases(Instant::now());
-            if ended.is_empty() {
-                continue;
-            }
-            metrics::counter!(m::LEASES_ENDED, "how" => "expired").increment(ended.len() as u64);
-            for e in ended {
-                tracing::info!(node = %e.node, lease = e.lease.id, "lease expired");
-                hub.notify_released(&e.node, vec![e.lease.id]);
+            let ending = store.begin_expiry(Instant::now());
+            for (node, id, commit) in ending {
+                let what = Settling::End(EndKind::Expire);
+                let rx = lease_settle::spawn(&store, &sink, id, what, commit);
+                tokio::spawn(async move {
+                    if let Ok(Ok(Some(_))) = rx.await {
+                        metrics::counter!(m::LEASES_ENDED, "how" => "expired").increment(1);
+                        tracing::info!(node = %node, lease = id, "lease expired");
+                    }
+                });
             }
         }
     })

@@ -6,7 +6,7 @@
 //! (`allocate.rs`) send through it.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use fairplace_proto::v1 as pb;
@@ -15,7 +15,8 @@ use tonic::Status;
 
 use super::convert;
 use crate::metrics as m;
-use crate::store::{Lease, Node, Store, Target};
+use crate::store::lease_settle::{self, EndSink, Settling};
+use crate::store::{EndKind, Lease, Node, Store, Target};
 
 pub(crate) use super::ack_queue::AckTx;
 
@@ -91,7 +92,7 @@ impl LeaseHub {
 
     /// An outcome from `node`'s agent: the answer an allocation waits for,
     /// or an unsolicited report (a re-applied lease, a target gone).
-    pub fn outcome(&self, store: &Store, node: &Node, o: pb::ApplyOutcome) {
+    pub fn outcome(self: &Arc<Self>, store: &Arc<Store>, node: &Node, o: pb::ApplyOutcome) {
         let waiter = {
             let mut p = lock(&self.pending);
             match p.get(&o.lease_id) {
@@ -114,9 +115,13 @@ impl LeaseHub {
             "gone" | "not_found" | "permission_denied"
         ) {
             // The node's own report ends its own lease (checked above);
-            // the log commits it in order, nobody waits for it.
-            if let Ok((_, commit)) = store.release_lease(o.lease_id, |_| Ok::<(), ()>(())) {
-                commit.detach();
+            // settled like any end, nobody waits for it.
+            if let Ok((_, _, commit)) =
+                store.begin_end(o.lease_id, EndKind::Release, |_| Ok::<(), ()>(()))
+            {
+                let sink: Arc<dyn EndSink> = Arc::clone(self) as Arc<dyn EndSink>;
+                let what = Settling::End(EndKind::Release);
+                drop(lease_settle::spawn(store, &sink, o.lease_id, what, commit));
                 metrics::counter!(m::LEASES_ENDED, "how" => "target_gone").increment(1);
                 tracing::info!(node = %node.id, lease = o.lease_id, reason = %o.reason, message = %o.message, "lease released: the agent cannot apply it");
             }
@@ -167,6 +172,13 @@ impl LeaseHub {
                 APPLY_TIMEOUT.as_millis()
             ))),
         }
+    }
+}
+
+/// The node's agent hears of every end before the lease's CPUs are free.
+impl EndSink for LeaseHub {
+    fn ended(&self, node: &str, id: u64) {
+        self.notify_released(node, vec![id]);
     }
 }
 

@@ -128,11 +128,13 @@ impl Replicated {
         ))
     }
 
-    /// Claims `node` for this replica and parks its leases from etcd, or
-    /// says where its agent should go.
+    /// Claims `node` for this replica and, when the claim is of another
+    /// ownership period than the leases in memory, reads its leases from
+    /// etcd again (dropping the memory's) before anything is decided on
+    /// them; or says where its agent should go.
     pub async fn take_over(&self, store: &Store, node: &str) -> Result<(), Status> {
-        match self.replica.claim(node).await {
-            Ok(()) => {}
+        let epoch = match self.replica.claim(node).await {
+            Ok(epoch) => epoch,
             Err(ClaimError::Elsewhere(m)) => {
                 metrics::counter!(crate::metrics::REPLICA_HANDOFFS, "how" => "redirected")
                     .increment(1);
@@ -146,13 +148,17 @@ impl Replicated {
                 }));
             }
             Err(ClaimError::Unavailable(why)) => return Err(Status::unavailable(why)),
+        };
+        if store.lease_epoch(node) == epoch {
+            return Ok(());
         }
         match self.log.load_node(node).await {
             Ok(stored) => {
-                let loaded = store.take_over_leases(node, stored, Instant::now());
-                metrics::counter!(crate::metrics::REPLICA_HANDOFFS, "how" => "claimed")
-                    .increment(1);
-                tracing::info!(node, leases = loaded.loaded, "node claimed");
+                if let Some(loaded) = store.take_over_leases(node, epoch, stored, Instant::now()) {
+                    metrics::counter!(crate::metrics::REPLICA_HANDOFFS, "how" => "claimed")
+                        .increment(1);
+                    tracing::info!(node, epoch, leases = loaded.loaded, "node claimed");
+                }
                 Ok(())
             }
             Err(e) => {

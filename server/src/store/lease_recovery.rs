@@ -9,20 +9,33 @@
 //! state directory was lost gets them back. Each lease the agent reports:
 //! - known to the server on this node: kept;
 //! - unknown, unexpired, on CPUs the node has, overlapping no live lease:
-//!   adopted (committed to the log as if granted again);
-//! - overlapping a live lease: the one granted later is released on the
-//!   node, the conflict logged and counted;
+//!   adopted (committed to the log as if granted again), unless the log is
+//!   the replicas' one truth (etcd): there a lease the log does not hold
+//!   was never acknowledged or has ended, and is released on the node;
+//! - overlapping a lease the server holds: released on the node. The
+//!   server's lease is the committed one; the agent's is one whose end was
+//!   asked for (or that was never acknowledged): the acknowledged lease
+//!   never loses to it, whichever was granted first;
 //! - expired, ended early while the agent was away (a tombstone, kept
 //!   until the expiry the lease had), naming another node's lease, or
 //!   unreadable: released on the node.
+//!
+//! Clocks: a replica taking a node over never judges another machine's
+//! wall-clock expiry. Each lease it loads gets its whole TTL again from
+//! the moment it is loaded (the load comes after every acknowledged
+//! renewal was committed, so no acknowledged lease ends early whatever the
+//! two clocks say; a lease may live up to one TTL longer, holding its CPUs
+//! longer, never shorter). A single server reading its own store after a
+//! restart judges its own clock's times.
 //!
 //! Leases the server knows and the agent does not report are sent to it
 //! again by the service after registration (applied again).
 
 use std::time::Instant;
 
-use super::durable::{LeaseOp, LeaseRecord, LogError, unix_ms_now};
-use super::{Commit, Ended, Lease, Node, Store};
+use super::durable::{Epoch, LeaseOp, LeaseRecord, LogError, unix_ms_now};
+use super::leases::Phase;
+use super::{Commit, Lease, Node, Store};
 use crate::engine::cpumask::CpuMask;
 use crate::metrics as m;
 
@@ -50,21 +63,18 @@ pub struct Reconciled {
     pub adopted: usize,
     pub conflicts: usize,
     pub expired: usize,
-    /// Lease ids the agent must drop (refused reports, and the server's
-    /// leases that lost a conflict).
+    /// Lease ids the agent must drop (its refused reports).
     pub release_on_node: Vec<u64>,
-    /// The server's own leases that lost a conflict.
-    pub ended: Vec<Ended>,
     /// Makes the adoptions and ends durable.
     pub commit: Option<Commit>,
+    /// The adopted leases, pending until `commit` is acknowledged.
+    pub adopted_ids: Vec<u64>,
 }
 
 /// An agent's report of one lease, decided.
 enum Verdict {
     Kept,
-    Adopt(Lease),
-    /// Adopt it, ending these later leases of the server.
-    AdoptOver(Lease, Vec<u64>),
+    Adopt(Box<Lease>),
     Refuse(&'static str),
 }
 
@@ -74,33 +84,52 @@ impl Store {
     /// their time kept (the others deleted).
     pub fn load_leases(&self, now: Instant) -> Result<Loaded, LogError> {
         let stored = self.log.load()?;
-        Ok(self.park_stored(stored, now))
+        Ok(self.park_stored(stored, now, false))
     }
 
-    /// A replica taking over `node` (it now holds the node's ownership in
-    /// the replicated log): `stored`, the node's leases and tombstones read
-    /// from the log after the ownership was committed, are parked so the
-    /// node's registration finds them. Leases already in memory are kept as
-    /// they are.
+    /// The ownership period `node`'s leases in memory were loaded in (0:
+    /// none): a claim at another epoch must load them again.
+    pub fn lease_epoch(&self, node: &str) -> Epoch {
+        self.leases.epoch(node)
+    }
+
+    /// A replica taking over `node` in ownership period `epoch` (it now
+    /// holds the node's owner key, created at that revision): `stored`, the
+    /// node's leases and tombstones read from the log after the claim, are
+    /// parked so the node's registration finds them. Whatever memory held
+    /// of the node from another period is dropped first: it may be stale
+    /// (another replica owned the node meanwhile). `None` when memory is
+    /// already of this period (another registration loaded it).
     pub fn take_over_leases(
         &self,
         node: &str,
+        epoch: Epoch,
         mut stored: super::durable::Stored,
         now: Instant,
-    ) -> Loaded {
-        {
-            let index = self.leases.lock();
-            stored
-                .leases
-                .retain(|r| r.node == node && !index.contains(r.id));
+    ) -> Option<Loaded> {
+        if self.leases.epoch(node) == epoch {
+            return None;
         }
-        self.park_stored(stored, now)
+        let dropped = self.drop_node_leases(node);
+        if dropped > 0 {
+            tracing::info!(
+                node,
+                dropped,
+                epoch,
+                "leases of an earlier ownership period dropped; reading them again"
+            );
+        }
+        self.leases.set_epoch(node, Some(epoch));
+        stored.leases.retain(|r| r.node == node);
+        Some(self.park_stored(stored, now, true))
     }
 
     /// Parks the live leases of `stored` under their nodes and keeps its
     /// tombstones still in their time; deletes the expired, the unreadable
-    /// and the tombstones past their time.
-    fn park_stored(&self, stored: super::durable::Stored, now: Instant) -> Loaded {
+    /// and the tombstones past their time. `fresh`: written by another
+    /// machine, whose clock is not judged: each lease gets its whole TTL
+    /// from `now` (module doc).
+    fn park_stored(&self, stored: super::durable::Stored, now: Instant, fresh: bool) -> Loaded {
         let now_ms = unix_ms_now();
         let mut out = Loaded::default();
         let mut gone = Vec::new();
@@ -117,7 +146,7 @@ impl Store {
         let mut parked = self.leases.parked();
         let mut index = self.leases.lock();
         for r in stored.leases {
-            let Some(lease) = Lease::from_record(&r, now, now_ms) else {
+            let Some(mut lease) = Lease::from_record(&r, now, now_ms) else {
                 out.unreadable += 1;
                 gone.push(LeaseOp::Delete {
                     id: r.id,
@@ -125,7 +154,9 @@ impl Store {
                 });
                 continue;
             };
-            if r.expires_at_ms <= now_ms {
+            if fresh {
+                lease.expires = now + lease.ttl;
+            } else if r.expires_at_ms <= now_ms {
                 out.expired += 1;
                 gone.push(LeaseOp::Delete {
                     id: r.id,
@@ -133,12 +164,21 @@ impl Store {
                 });
                 continue;
             }
-            index.add(r.id, &r.node, &lease.owner, lease.cpus.weight());
+            index.add(
+                r.id,
+                &r.node,
+                &lease.owner,
+                lease.cpus.weight(),
+                &lease.request_id,
+            );
             parked.entry(r.node).or_default().insert(r.id, lease);
             out.loaded += 1;
         }
         drop((index, parked));
-        self.log.submit(gone).detach();
+        // One node's ops (a take-over) are fenced on its epoch; a restart's
+        // embedded log fences nothing.
+        let epoch = stored_epoch(self, &gone);
+        self.log.submit(epoch, gone).detach();
         recovered("loaded", out.loaded);
         recovered("expired", out.expired + out.unreadable);
         out
@@ -178,33 +218,16 @@ impl Store {
                     }
                     out.release_on_node.push(r.id);
                 }
-                Verdict::AdoptOver(lease, losers) => {
-                    out.conflicts += 1;
-                    for id in losers {
-                        if let Some(l) = w.leases.leases.remove(&id) {
-                            tracing::warn!(node = %node.id, lease = id, cpus = %l.cpus, over = lease.id, "a later lease conflicts with one the agent holds: the later one is released");
-                            self.leases.lock().remove(id);
-                            ops.push(self.end_op(&node.id, &l));
-                            out.release_on_node.push(id);
-                            out.ended.push(Ended {
-                                node: node.id.clone(),
-                                lease: l,
-                            });
-                        }
-                    }
-                    self.adopt(node, &mut w.leases, lease, &mut ops);
-                    out.adopted += 1;
-                    held_cpus = w.leases.leased();
-                }
                 Verdict::Adopt(lease) => {
                     held_cpus.or_assign(&lease.cpus);
-                    self.adopt(node, &mut w.leases, lease, &mut ops);
+                    out.adopted_ids.push(lease.id);
+                    self.adopt(node, &mut w.leases, *lease, &mut ops);
                     out.adopted += 1;
                 }
             }
         }
         if !ops.is_empty() {
-            out.commit = Some(self.log.submit(ops));
+            out.commit = Some(self.log.submit(self.leases.epoch(&node.id), ops));
             let topo = std::sync::Arc::clone(&cur.topo);
             self.publish(node, &mut w, base, topo, cur.features, None, &cur);
         }
@@ -215,18 +238,22 @@ impl Store {
         out
     }
 
+    /// Takes an agent's lease in, pending (its CPUs held, not shown) until
+    /// its grant is committed.
     fn adopt(
         &self,
         node: &Node,
         leases: &mut super::leases::NodeLeases,
-        l: Lease,
+        mut l: Lease,
         ops: &mut Vec<LeaseOp>,
     ) {
         tracing::info!(node = %node.id, lease = l.id, cpus = %l.cpus, holder = %l.holder, "lease adopted from the node's agent");
-        ops.push(LeaseOp::Put(l.record(&node.id)));
+        ops.push(LeaseOp::Grant(l.record(&node.id)));
         self.leases
             .lock()
-            .add(l.id, &node.id, &l.owner, l.cpus.weight());
+            .add(l.id, &node.id, &l.owner, l.cpus.weight(), &l.request_id);
+        l.phase = Phase::Pending;
+        l.busy = true;
         leases.leases.insert(l.id, l);
     }
 
@@ -248,6 +275,11 @@ impl Store {
         if r.id == 0 || self.leases.lock().contains(r.id) {
             return Verdict::Refuse("its id is another node's lease");
         }
+        if self.log.authoritative() {
+            return Verdict::Refuse(
+                "the lease store does not hold it (never acknowledged, or ended)",
+            );
+        }
         let Some(lease) = Lease::from_record(r, now, now_ms) else {
             return Verdict::Refuse("its CPUs cannot be read");
         };
@@ -258,23 +290,20 @@ impl Store {
             return Verdict::Refuse("it names a CPU the node does not have");
         }
         if lease.cpus.and(held_cpus).is_empty() {
-            return Verdict::Adopt(lease);
+            return Verdict::Adopt(Box::new(lease));
         }
-        let overlapping: Vec<&Lease> = leases
-            .leases
-            .values()
-            .filter(|l| !l.cpus.and(&lease.cpus).is_empty())
-            .collect();
-        if overlapping.is_empty() {
-            return Verdict::Adopt(lease);
-        }
-        if overlapping
-            .iter()
-            .any(|l| l.granted_at_ms <= lease.granted_at_ms)
-        {
-            return Verdict::Refuse("it overlaps a lease granted before it");
-        }
-        let losers = overlapping.iter().map(|l| l.id).collect();
-        Verdict::AdoptOver(lease, losers)
+        // The server's lease on these CPUs is the committed one: the
+        // agent's loses, whichever was granted first (module doc).
+        Verdict::Refuse("it overlaps a lease the server holds")
+    }
+}
+
+/// The epoch a batch of recovery ops is fenced on: its node's, when every
+/// op is of one node; else none (a restart's embedded log).
+fn stored_epoch(store: &Store, ops: &[LeaseOp]) -> Epoch {
+    let mut nodes = ops.iter().filter_map(LeaseOp::node);
+    match nodes.next() {
+        Some(n) if nodes.all(|m| m == n) => store.leases.epoch(n),
+        _ => 0,
     }
 }

@@ -12,8 +12,25 @@
 //! state underneath it.
 //!
 //! Every change is submitted to the store's [`LeaseLog`] under the same
-//! mutex that changes the table (so the log's order is the table's) and
-//! the caller waits for the returned [`Commit`] before it answers.
+//! mutex that changes the table (so the log's order is the table's), and
+//! nothing of it is visible before the log acknowledged it. A lease moves
+//! through explicit [`Phase`]s:
+//!
+//! ```text
+//!   begin_grant -> Pending --grant_settled(applied)--> Live --begin_end--> Ending
+//!                     |                                  ^                   |
+//!                     +--(refused)--> gone               +--(refused)--------+
+//!                                                                            |
+//!                                                    end_settled(applied) -> gone
+//! ```
+//!
+//! Its CPUs are held from the moment it is `Pending` and given back only
+//! when its end is committed. A `Pending` lease is neither answered, nor
+//! shown, nor sent to its agent; an `Ending` one still holds its CPUs and
+//! is shown as it was; a renewal extends the lease only once committed.
+//! While a change is in flight or its outcome unknown the lease is `busy`:
+//! no other change starts, and `store/lease_settle.rs` drives the one in
+//! flight to a known outcome.
 //!
 //! A lease outlives its node's registration: when the node is forgotten,
 //! restarts its agent with another topology, or has not registered yet
@@ -30,7 +47,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::claims::base_cpus;
-use super::durable::{Commit, LeaseOp, LeaseRecord, unix_ms_now};
+use super::durable::{Commit, Epoch, LeaseOp, LeaseRecord, unix_ms_now};
 use super::{Node, Snapshot, Store, Writer};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::CpuState;
@@ -45,7 +62,19 @@ pub enum Target {
     Cgroup(String),
 }
 
-/// One live lease.
+/// Where a lease is in its life (module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Decided, its commit not acknowledged: CPUs held, invisible.
+    Pending,
+    /// Committed.
+    Live,
+    /// Its end (release, expiry, a failed apply) submitted and not
+    /// acknowledged: CPUs still held, shown as it was.
+    Ending,
+}
+
+/// One lease the store holds.
 #[derive(Debug, Clone)]
 pub struct Lease {
     pub id: u64,
@@ -61,6 +90,11 @@ pub struct Lease {
     pub target: Option<Target>,
     /// The agent confirmed it applied the lease.
     pub applied: bool,
+    /// The caller's idempotency key (empty: none).
+    pub request_id: String,
+    pub phase: Phase,
+    /// A change is being committed, or its outcome is being settled.
+    pub busy: bool,
 }
 
 /// `t` on the wall clock, in ms since the Unix epoch.
@@ -99,7 +133,13 @@ impl Lease {
             expires_at_ms: wall_ms(self.expires),
             granted_at_ms: self.granted_at_ms,
             applied: self.applied,
+            request_id: self.request_id.clone(),
         }
+    }
+
+    /// Whether callers and agents may see it: committed.
+    pub fn visible(&self) -> bool {
+        self.phase != Phase::Pending
     }
 
     /// A kept record as a live lease; `None` for CPUs that do not parse.
@@ -119,6 +159,9 @@ impl Lease {
             granted_at_ms: r.granted_at_ms,
             target: r.target.clone(),
             applied: r.applied,
+            request_id: r.request_id.clone(),
+            phase: Phase::Live,
+            busy: false,
         })
     }
 }
@@ -132,6 +175,8 @@ pub struct NewLease {
     pub owner: String,
     pub ttl: Duration,
     pub target: Option<Target>,
+    /// The caller's idempotency key (empty: none).
+    pub request_id: String,
 }
 
 /// A node's leases, under its writer mutex.
@@ -202,6 +247,9 @@ pub struct LeaseIndex {
     ended: Mutex<HashMap<u64, u64>>,
     /// When the tombstones were last pruned (wall-clock ms).
     pruned_at_ms: std::sync::atomic::AtomicU64,
+    /// Node -> the ownership period its leases were loaded in (replicas):
+    /// every commit of the node's leases is fenced on it.
+    epochs: Mutex<HashMap<String, Epoch>>,
 }
 
 /// Tombstones are pruned at most this often: a busy server may hold many
@@ -216,6 +264,8 @@ const PRUNE_EVERY_MS: u64 = 1_000;
 pub(super) struct Index {
     ids: HashMap<u64, Indexed>,
     owners: HashMap<String, Held>,
+    /// (owner, request id) -> the lease granted for it.
+    requests: HashMap<(String, String), u64>,
 }
 
 #[derive(Debug)]
@@ -223,6 +273,7 @@ struct Indexed {
     node: String,
     owner: String,
     cpus: usize,
+    request_id: String,
 }
 
 /// Leases and CPUs one owner holds.
@@ -258,35 +309,55 @@ impl Index {
         self.ids.contains_key(&id)
     }
 
-    /// Records lease `id` of `node`, held by `owner` on `cpus` CPUs.
-    pub(super) fn add(&mut self, id: u64, node: &str, owner: &str, cpus: usize) {
+    /// Records lease `id` of `node`, held by `owner` on `cpus` CPUs, taken
+    /// for `request_id` (empty: none).
+    pub(super) fn add(&mut self, id: u64, node: &str, owner: &str, cpus: usize, request_id: &str) {
+        let new = Indexed {
+            node: node.to_string(),
+            owner: owner.to_string(),
+            cpus,
+            request_id: request_id.to_string(),
+        };
+        if let Some(old) = self.ids.remove(&id) {
+            self.forget_use(id, &old);
+        }
         let held = self.owners.entry(owner.to_string()).or_default();
         held.leases += 1;
         held.cpus += cpus;
-        if let Some(old) = self.ids.insert(
-            id,
-            Indexed {
-                node: node.to_string(),
-                owner: owner.to_string(),
-                cpus,
-            },
-        ) {
-            self.forget_use(&old);
+        if !request_id.is_empty() {
+            self.requests
+                .insert((owner.to_string(), request_id.to_string()), id);
         }
+        self.ids.insert(id, new);
+    }
+
+    /// The lease granted to `owner` for `request_id`, if it is held.
+    pub(super) fn by_request(&self, owner: &str, request_id: &str) -> Option<u64> {
+        // A lookup without building the key's strings would need a
+        // borrowed pair; requests with an id are the rarer path.
+        self.requests
+            .get(&(owner.to_string(), request_id.to_string()))
+            .copied()
     }
 
     /// Forgets lease `id`; returns whether it was there.
     pub(super) fn remove(&mut self, id: u64) -> bool {
         match self.ids.remove(&id) {
             Some(old) => {
-                self.forget_use(&old);
+                self.forget_use(id, &old);
                 true
             }
             None => false,
         }
     }
 
-    fn forget_use(&mut self, l: &Indexed) {
+    fn forget_use(&mut self, id: u64, l: &Indexed) {
+        if !l.request_id.is_empty() {
+            let key = (l.owner.clone(), l.request_id.clone());
+            if self.requests.get(&key) == Some(&id) {
+                self.requests.remove(&key);
+            }
+        }
         if let Some(h) = self.owners.get_mut(&l.owner) {
             h.leases = h.leases.saturating_sub(1);
             h.cpus = h.cpus.saturating_sub(l.cpus);
@@ -338,25 +409,45 @@ impl LeaseIndex {
 
     /// A new id for a lease of `owner` on `cpus` CPUs of `node`: 64 random
     /// bits, never 0, never one that is live, reserved in the index before
-    /// it is returned; or why the owner may not take it.
-    fn reserve(
-        &self,
-        node: &str,
-        owner: &str,
-        cpus: usize,
-        lim: OwnerLimits,
-    ) -> Result<u64, Unallocatable> {
+    /// it is returned; or why the owner may not take it, or the lease
+    /// already granted for its `request_id` (checked in the same step, so
+    /// two concurrent calls with one request id take one lease).
+    fn reserve(&self, node: &str, new: &NewLease, lim: OwnerLimits) -> Result<u64, Unallocatable> {
         let mut index = self.lock();
-        if let Some(why) = index.over_limit(owner, cpus, lim) {
+        if !new.request_id.is_empty()
+            && let Some(id) = index.by_request(&new.owner, &new.request_id)
+        {
+            return Err(Unallocatable::Requested(id));
+        }
+        let cpus = new.cpus.weight();
+        if let Some(why) = index.over_limit(&new.owner, cpus, lim) {
             return Err(Unallocatable::CallerLimit(why));
         }
         loop {
             let id = random_u64();
             if id != 0 && !index.contains(id) {
-                index.add(id, node, owner, cpus);
+                index.add(id, node, &new.owner, cpus, &new.request_id);
                 return Ok(id);
             }
         }
+    }
+
+    /// The ownership period `node`'s leases were loaded in (0: none).
+    pub(super) fn epoch(&self, node: &str) -> Epoch {
+        self.epochs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(node)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub(super) fn set_epoch(&self, node: &str, epoch: Option<Epoch>) {
+        let mut e = self.epochs.lock().unwrap_or_else(PoisonError::into_inner);
+        match epoch {
+            Some(x) => e.insert(node.to_string(), x),
+            None => e.remove(node),
+        };
     }
 }
 
@@ -383,6 +474,9 @@ pub enum Unallocatable {
     NodeGone,
     /// The caller holds as many leases or CPUs as it may; why.
     CallerLimit(String),
+    /// The caller's request id already has this lease: a retry, answered
+    /// with the first grant.
+    Requested(u64),
 }
 
 /// A lease that ended, for the node's agent and the metrics.
@@ -399,27 +493,58 @@ pub enum LeaseRefusal<E> {
     NotFound,
     /// The check refused the caller.
     Refused(E),
+    /// Another change of the lease is in flight or being settled: retry.
+    Busy(&'static str),
 }
 
 /// An edit's outcome as a refusal: not found (no map held the lease, or
 /// the edit found it gone) or refused by the caller's check.
-fn settle<R, E>(r: Option<Result<R, Option<E>>>) -> Result<R, LeaseRefusal<E>> {
-    match r {
-        Some(Ok(v)) => Ok(v),
-        Some(Err(Some(e))) => Err(LeaseRefusal::Refused(e)),
-        Some(Err(None)) | None => Err(LeaseRefusal::NotFound),
-    }
+fn settle<R, E>(r: Option<Result<R, LeaseRefusal<E>>>) -> Result<R, LeaseRefusal<E>> {
+    r.unwrap_or(Err(LeaseRefusal::NotFound))
 }
+
+/// An edit that found no lease in the phase it settles.
+struct Gone;
 
 /// One lease op on a node's lease map, wherever the map lives.
 type Edit<'a, R, E> = &'a mut dyn FnMut(&mut BTreeMap<u64, Lease>) -> Result<R, E>;
 
+/// How a lease ends: released before its time (a tombstone is kept until
+/// the expiry it had, so an agent that missed the end cannot bring it
+/// back) or at its time (forgotten).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndKind {
+    Release,
+    Expire,
+}
+
+/// A renewal submitted and not yet acknowledged: what the lease becomes
+/// once it is.
+#[derive(Debug, Clone, Copy)]
+pub struct Renewal {
+    pub ttl: Duration,
+    pub expires: Instant,
+}
+
+/// The change of a busy lease whose outcome is being settled: the op the
+/// settler writes again until the log acknowledges it.
+#[derive(Debug, Clone, Copy)]
+pub enum Change {
+    /// A grant whose caller can find it again (a request id): made certain.
+    GrantForward,
+    /// A grant nobody can know the id of: ended for certain.
+    GrantBack,
+    Renew(Renewal),
+    End(EndKind),
+}
+
 impl Store {
-    /// Decides and commits a lease under the node's writer: `decide` sees
-    /// the current snapshot and the CPUs other leases hold, and returns the
-    /// lease to make or why not. Deciding under the writer makes two
-    /// concurrent allocations see each other: they never share a CPU. The
-    /// returned commit makes it durable.
+    /// Decides a lease under the node's writer and submits its grant:
+    /// `decide` sees the current snapshot and the CPUs other leases hold,
+    /// and returns the lease to make or why not. Deciding under the writer
+    /// makes two concurrent allocations see each other: they never share a
+    /// CPU. The lease is `Pending` (its CPUs held, nothing shown) until
+    /// [`Store::grant_settled`] hears the commit's outcome.
     pub fn allocate_locked<T, E: From<Unallocatable>>(
         &self,
         node: &Node,
@@ -433,12 +558,9 @@ impl Store {
         let cur = node.snapshot();
         let held = w.leases.leased();
         let (out, new) = decide(&cur, &held)?;
-        let id = self.leases.reserve(
-            &node.id,
-            &new.owner,
-            new.cpus.weight(),
-            self.config.lease_limits,
-        )?;
+        let id = self
+            .leases
+            .reserve(&node.id, &new, self.config.lease_limits)?;
         let lease = Lease {
             id,
             cpus: new.cpus,
@@ -450,11 +572,51 @@ impl Store {
             granted_at_ms: unix_ms_now(),
             target: new.target,
             applied: false,
+            request_id: new.request_id,
+            phase: Phase::Pending,
+            busy: true,
         };
-        let commit = self.log.submit(vec![LeaseOp::Put(lease.record(&node.id))]);
+        let epoch = self.leases.epoch(&node.id);
+        let commit = self
+            .log
+            .submit(epoch, vec![LeaseOp::Grant(lease.record(&node.id))]);
         w.leases.leases.insert(lease.id, lease.clone());
         self.republish(node, &mut w, &cur);
         Ok((out, lease, commit))
+    }
+
+    /// The outcome of a grant's commit: `applied`, the lease is live and
+    /// returned; not, it is gone and its CPUs are free again.
+    pub fn grant_settled(&self, id: u64, applied: bool) -> Option<Lease> {
+        let mut edit = |m: &mut BTreeMap<u64, Lease>| -> Result<Option<Lease>, Gone> {
+            let l = m.get_mut(&id).filter(|l| l.phase == Phase::Pending);
+            let l = l.ok_or(Gone)?;
+            if applied {
+                l.phase = Phase::Live;
+                l.busy = false;
+                return Ok(Some(l.clone()));
+            }
+            m.remove(&id);
+            Ok(None)
+        };
+        self.edit_lease(id, &mut edit)
+            .and_then(Result::ok)
+            .flatten()
+    }
+
+    /// The lease granted to `owner` for `request_id`, with its node, if it
+    /// is held (in any phase).
+    pub fn requested(&self, owner: &str, request_id: &str) -> Option<(String, Lease)> {
+        let id = self.leases.lock().by_request(owner, request_id)?;
+        self.lease(id)
+    }
+
+    /// Lease `id` with its node, in whatever phase it is.
+    pub fn lease(&self, id: u64) -> Option<(String, Lease)> {
+        let node = self.leases.node_of(id)?;
+        let mut edit = |m: &mut BTreeMap<u64, Lease>| m.get(&id).cloned().ok_or(Gone);
+        let l = self.edit_lease(id, &mut edit)?.ok()?;
+        Some((node, l))
     }
 
     /// Builds the next snapshot from the agent's state with the writer's
@@ -514,58 +676,169 @@ impl Store {
         Some(r)
     }
 
-    /// Ends lease `id` if `may` allows it; returns it with its node id and
-    /// the commit that makes the end durable.
-    pub fn release_lease<E>(
+    /// Starts ending lease `id` if `may` allows it: it turns `Ending` (its
+    /// CPUs still held) and its end is submitted. Returns its node, the
+    /// lease, and the commit. A lease that is already ending has its end
+    /// submitted again (a retried release joins the one in flight); one
+    /// with another change in flight is [`LeaseRefusal::Busy`].
+    pub fn begin_end<E>(
         &self,
         id: u64,
-        mut may: impl FnMut(&Lease) -> Result<(), E>,
-    ) -> Result<(Ended, Commit), LeaseRefusal<E>> {
-        let node = self.leases.node_of(id).ok_or(LeaseRefusal::NotFound)?;
-        let mut edit = |m: &mut BTreeMap<u64, Lease>| {
-            let l = m.get(&id).ok_or(None)?;
-            may(l).map_err(Some)?;
-            let commit = self.log.submit(vec![self.end_op(&node, l)]);
-            let lease = m.remove(&id).ok_or(None)?;
-            Ok((lease, commit))
-        };
-        let (lease, commit) = settle(self.edit_lease(id, &mut edit))?;
-        Ok((Ended { node, lease }, commit))
-    }
-
-    /// Extends lease `id` to `ttl` (or its own ttl) from `now` if `may`
-    /// allows it; returns its node, the lease as it now is and the commit.
-    pub fn renew_lease<E>(
-        &self,
-        id: u64,
-        ttl: Option<Duration>,
-        now: Instant,
+        how: EndKind,
         mut may: impl FnMut(&Lease) -> Result<(), E>,
     ) -> Result<(String, Lease, Commit), LeaseRefusal<E>> {
         let node = self.leases.node_of(id).ok_or(LeaseRefusal::NotFound)?;
+        let epoch = self.leases.epoch(&node);
         let mut edit = |m: &mut BTreeMap<u64, Lease>| {
-            let l = m.get_mut(&id).ok_or(None)?;
-            may(l).map_err(Some)?;
-            if let Some(t) = ttl {
-                l.ttl = t;
+            let l = m.get_mut(&id).ok_or(LeaseRefusal::NotFound)?;
+            may(l).map_err(LeaseRefusal::Refused)?;
+            match (l.phase, l.busy) {
+                (Phase::Pending, _) => {
+                    return Err(LeaseRefusal::Busy("its grant is being committed"));
+                }
+                (Phase::Live, true) => {
+                    return Err(LeaseRefusal::Busy("a renewal of it is being committed"));
+                }
+                _ => {}
             }
-            l.expires = now + l.ttl;
-            let commit = self.log.submit(vec![LeaseOp::Put(l.record(&node))]);
-            Ok((l.clone(), commit))
+            l.phase = Phase::Ending;
+            l.busy = true;
+            let op = self.end_op(&node, l, how);
+            Ok((l.clone(), self.log.submit(epoch, vec![op])))
         };
         let (lease, commit) = settle(self.edit_lease(id, &mut edit))?;
         Ok((node, lease, commit))
     }
 
-    /// The op that ends `l` before its time, with its tombstone kept (in
-    /// memory and in the log) until the expiry it had.
-    pub(super) fn end_op(&self, node: &str, l: &Lease) -> LeaseOp {
-        let until_ms = wall_ms(l.expires);
-        self.leases.ended().insert(l.id, until_ms);
-        LeaseOp::End {
-            id: l.id,
-            node: node.to_string(),
-            until_ms,
+    /// The outcome of an end's commit. `applied`: `told` hears the lease's
+    /// id first (the node's agent is told before the CPUs are free, so a
+    /// grant of them always reaches it after the end), then the lease is
+    /// gone and returned. Not applied: it is live again.
+    pub fn end_settled(&self, id: u64, applied: bool, told: &dyn Fn(&str, u64)) -> Option<Ended> {
+        let node = self.leases.node_of(id)?;
+        let mut edit = |m: &mut BTreeMap<u64, Lease>| -> Result<Option<Lease>, Gone> {
+            let l = m.get_mut(&id).filter(|l| l.phase == Phase::Ending);
+            let l = l.ok_or(Gone)?;
+            if !applied {
+                l.phase = Phase::Live;
+                l.busy = false;
+                return Ok(None);
+            }
+            told(&node, id);
+            Ok(m.remove(&id))
+        };
+        let lease = self.edit_lease(id, &mut edit)?.ok()??;
+        Some(Ended { node, lease })
+    }
+
+    /// Starts renewing lease `id` to `ttl` (or its own ttl) from `now` if
+    /// `may` allows it: the renewed record is submitted and nothing changes
+    /// in memory until [`Store::renew_settled`]. Returns its node, what the
+    /// lease becomes, and the commit.
+    pub fn begin_renew<E>(
+        &self,
+        id: u64,
+        ttl: Option<Duration>,
+        now: Instant,
+        mut may: impl FnMut(&Lease) -> Result<(), E>,
+    ) -> Result<(String, Renewal, Commit), LeaseRefusal<E>> {
+        let node = self.leases.node_of(id).ok_or(LeaseRefusal::NotFound)?;
+        let epoch = self.leases.epoch(&node);
+        let mut edit = |m: &mut BTreeMap<u64, Lease>| {
+            let l = m.get_mut(&id).ok_or(LeaseRefusal::NotFound)?;
+            may(l).map_err(LeaseRefusal::Refused)?;
+            match (l.phase, l.busy) {
+                (Phase::Pending, _) => {
+                    return Err(LeaseRefusal::Busy("its grant is being committed"));
+                }
+                (Phase::Ending, _) => return Err(LeaseRefusal::Busy("its end is being committed")),
+                (Phase::Live, true) => {
+                    return Err(LeaseRefusal::Busy(
+                        "another renewal of it is being committed",
+                    ));
+                }
+                (Phase::Live, false) => {}
+            }
+            let ttl = ttl.unwrap_or(l.ttl);
+            let r = Renewal {
+                ttl,
+                expires: now + ttl,
+            };
+            l.busy = true;
+            let op = LeaseOp::Put(renewed(l, &r).record(&node));
+            Ok((r, self.log.submit(epoch, vec![op])))
+        };
+        let (r, commit) = settle(self.edit_lease(id, &mut edit))?;
+        Ok((node, r, commit))
+    }
+
+    /// The outcome of a renewal's commit: `applied`, the lease takes the
+    /// renewal and is returned with its node; either way it is free for
+    /// the next change.
+    pub fn renew_settled(&self, id: u64, r: &Renewal, applied: bool) -> Option<(String, Lease)> {
+        let node = self.leases.node_of(id)?;
+        let mut edit = |m: &mut BTreeMap<u64, Lease>| -> Result<Lease, Gone> {
+            let l = m.get_mut(&id).filter(|l| l.phase == Phase::Live && l.busy);
+            let l = l.ok_or(Gone)?;
+            l.busy = false;
+            if applied {
+                *l = renewed(l, r);
+            }
+            Ok(l.clone())
+        };
+        let l = self.edit_lease(id, &mut edit)?.ok()?;
+        Some((node, l))
+    }
+
+    /// Writes `change` of busy lease `id` again (the settler, after an
+    /// unknown outcome); `None` when the lease is no longer here or no
+    /// longer busy with a change (settled meanwhile, or its node was let
+    /// go or taken over again).
+    pub fn resubmit(&self, id: u64, change: Change) -> Option<Commit> {
+        let node = self.leases.node_of(id)?;
+        let epoch = self.leases.epoch(&node);
+        let mut edit = |m: &mut BTreeMap<u64, Lease>| -> Result<Commit, Gone> {
+            let l = m.get(&id).filter(|l| l.busy).ok_or(Gone)?;
+            let op = match change {
+                Change::GrantForward => LeaseOp::Settle(l.record(&node)),
+                Change::GrantBack => self.end_op(&node, l, EndKind::Release),
+                Change::Renew(r) => LeaseOp::Put(renewed(l, &r).record(&node)),
+                Change::End(how) => self.end_op(&node, l, how),
+            };
+            Ok(self.log.submit(epoch, vec![op]))
+        };
+        self.edit_lease(id, &mut edit)?.ok()
+    }
+
+    /// A grant whose outcome could not be settled forward is being ended:
+    /// the pending lease turns `Ending`, so its end settles it.
+    pub fn grant_abandoned(&self, id: u64) {
+        let mut edit = |m: &mut BTreeMap<u64, Lease>| {
+            if let Some(l) = m.get_mut(&id).filter(|l| l.phase == Phase::Pending) {
+                l.phase = Phase::Ending;
+            }
+            Ok::<(), ()>(())
+        };
+        let _ = self.edit_lease(id, &mut edit);
+    }
+
+    /// The op that ends `l`: released, with its tombstone kept (in memory
+    /// and in the log) until the expiry it had; expired, forgotten.
+    pub(super) fn end_op(&self, node: &str, l: &Lease, how: EndKind) -> LeaseOp {
+        match how {
+            EndKind::Expire => LeaseOp::Delete {
+                id: l.id,
+                node: node.to_string(),
+            },
+            EndKind::Release => {
+                let until_ms = wall_ms(l.expires);
+                self.leases.ended().insert(l.id, until_ms);
+                LeaseOp::End {
+                    id: l.id,
+                    node: node.to_string(),
+                    until_ms,
+                }
+            }
         }
     }
 
@@ -587,20 +860,25 @@ impl Store {
             keep
         });
         self.log
-            .submit(past.into_iter().map(LeaseOp::Forget).collect())
+            .submit(0, past.into_iter().map(LeaseOp::Forget).collect())
             .detach();
     }
 
     /// Records the agent's confirmation of a lease (durably, without
     /// waiting: a lost confirmation only means the agent applies it again).
+    /// Not while another change of it is in flight: the record written
+    /// would carry the lease as it was before that change.
     pub fn mark_lease_applied(&self, node: &Node, id: u64) {
         let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(l) = w.leases.leases.get_mut(&id)
             && !l.applied
+            && l.phase == Phase::Live
+            && !l.busy
         {
             l.applied = true;
+            let epoch = self.leases.epoch(&node.id);
             self.log
-                .submit(vec![LeaseOp::Put(l.record(&node.id))])
+                .submit(epoch, vec![LeaseOp::Put(l.record(&node.id))])
                 .detach();
         }
     }
@@ -616,10 +894,15 @@ impl Store {
         self.log.writable()
     }
 
-    /// The node's live leases, by id.
+    /// The node's committed leases, by id (a pending grant is not shown).
     pub fn leases_of(&self, node: &Node) -> Vec<Lease> {
         let w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        w.leases.leases.values().cloned().collect()
+        w.leases
+            .leases
+            .values()
+            .filter(|l| l.visible())
+            .cloned()
+            .collect()
     }
 
     /// Nodes that hold leases (registered or parked), each once.
@@ -636,68 +919,43 @@ impl Store {
         nodes
     }
 
-    /// Drops leases whose time ended, registered and parked; returns them.
-    /// Visits only the nodes that hold leases.
-    pub fn expire_leases(&self, now: Instant) -> Vec<Ended> {
+    /// Starts ending every lease whose time is over, registered and
+    /// parked: each turns `Ending` and its end is submitted; returns them
+    /// with their commits, for the settler. A lease with a change in
+    /// flight expires once that change is settled. Visits only the nodes
+    /// that hold leases.
+    pub fn begin_expiry(&self, now: Instant) -> Vec<(String, u64, Commit)> {
         self.prune_ended();
-        let mut ended = Vec::new();
+        let mut out = Vec::new();
         for id in self.lease_nodes() {
+            let epoch = self.leases.epoch(&id);
             if let Some(node) = self.get(&id) {
                 let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
-                if w.leases.leases.values().any(|l| l.expires <= now) {
-                    let cur = node.snapshot();
-                    let cpus = base_cpus(&cur, &w);
-                    self.take_expired(&id, &mut w.leases.leases, now, &mut ended);
-                    let topo = Arc::clone(&cur.topo);
-                    self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
-                }
+                self.take_expired(&id, epoch, &mut w.leases.leases, now, &mut out);
             }
-            let mut parked = self.leases.parked();
-            if let Some(map) = parked.get_mut(&id) {
-                self.take_expired(&id, map, now, &mut ended);
-                if map.is_empty() {
-                    parked.remove(&id);
-                }
+            if let Some(map) = self.leases.parked().get_mut(&id) {
+                self.take_expired(&id, epoch, map, now, &mut out);
             }
         }
-        ended
+        out
     }
 
-    /// Moves the expired leases of `map` to `ended`, out of the index and
-    /// the log.
+    /// Turns the expired, settled leases of `map` `Ending` and submits
+    /// their ends.
     fn take_expired(
         &self,
         node: &str,
+        epoch: Epoch,
         map: &mut BTreeMap<u64, Lease>,
         now: Instant,
-        ended: &mut Vec<Ended>,
+        out: &mut Vec<(String, u64, Commit)>,
     ) {
-        let gone: Vec<u64> = map
-            .values()
-            .filter(|l| l.expires <= now)
-            .map(|l| l.id)
-            .collect();
-        if gone.is_empty() {
-            return;
-        }
-        self.log
-            .submit(
-                gone.iter()
-                    .map(|&id| LeaseOp::Delete {
-                        id,
-                        node: node.to_string(),
-                    })
-                    .collect(),
-            )
-            .detach();
-        let mut index = self.leases.lock();
-        for lid in gone {
-            if let Some(lease) = map.remove(&lid) {
-                index.remove(lid);
-                ended.push(Ended {
-                    node: node.to_string(),
-                    lease,
-                });
+        for l in map.values_mut() {
+            if l.phase == Phase::Live && !l.busy && l.expires <= now {
+                l.phase = Phase::Ending;
+                l.busy = true;
+                let op = self.end_op(node, l, EndKind::Expire);
+                out.push((node.to_string(), l.id, self.log.submit(epoch, vec![op])));
             }
         }
     }
@@ -735,6 +993,7 @@ impl Store {
             return Vec::new();
         };
         let nr_cpus = node.spec.cpus.len();
+        let epoch = self.leases.epoch(&node.id);
         let mut ended = Vec::new();
         for (id, lease) in parked {
             let fits = lease.cpus.iter().all(|c| c < nr_cpus)
@@ -742,8 +1001,10 @@ impl Store {
             if fits {
                 w.leases.leases.insert(id, lease);
             } else {
+                // Its CPUs are not this node's any more: nothing is held
+                // by keeping it until the end is acknowledged.
                 self.log
-                    .submit(vec![self.end_op(&node.id, &lease)])
+                    .submit(epoch, vec![self.end_op(&node.id, &lease, EndKind::Release)])
                     .detach();
                 self.leases.lock().remove(id);
                 ended.push(Ended {
@@ -762,6 +1023,29 @@ impl Store {
         ended
     }
 
+    /// Drops every lease of `node` from memory (registered and parked)
+    /// without ending any: a replica that claimed the node in a new
+    /// ownership period reads them again from the log before it decides.
+    pub(super) fn drop_node_leases(&self, node: &str) -> usize {
+        let mut dropped = Vec::new();
+        if let Some(n) = self.get(node) {
+            let mut w = n.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            if !w.leases.leases.is_empty() {
+                dropped.extend(std::mem::take(&mut w.leases.leases).into_keys());
+                let cur = n.snapshot();
+                self.republish(&n, &mut w, &cur);
+            }
+        }
+        if let Some(p) = self.leases.parked().remove(node) {
+            dropped.extend(p.into_keys());
+        }
+        let mut index = self.leases.lock();
+        for id in &dropped {
+            index.remove(*id);
+        }
+        dropped.len()
+    }
+
     /// Leases outstanding and the CPUs they hold, across all nodes (parked
     /// ones included).
     pub fn leases_outstanding(&self) -> (usize, usize) {
@@ -778,5 +1062,14 @@ impl Store {
             }
         }
         (leases, cpus)
+    }
+}
+
+/// `l` as `r` makes it.
+fn renewed(l: &Lease, r: &Renewal) -> Lease {
+    Lease {
+        ttl: r.ttl,
+        expires: r.expires,
+        ..l.clone()
     }
 }

@@ -80,6 +80,8 @@ impl Store {
         if let Some((_, n)) = self.nodes.remove(node) {
             self.retire(&n);
         }
+        // Whoever claims it next reads its leases from the log again.
+        self.leases.set_epoch(node, None);
         let Some(parked) = self.leases.parked().remove(node) else {
             return 0;
         };

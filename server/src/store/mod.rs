@@ -11,9 +11,10 @@
 //!
 //! This file holds the types and publication; each kind of mutation has its
 //! own file: `ingest` (registration and agent updates), `claims`,
-//! `lifecycle` (freshness, forgetting nodes), `leases` (and their durable
-//! log in `durable`, and their recovery after a restart in
-//! `lease_recovery`), `features`, `tasks` (task lists
+//! `lifecycle` (freshness, forgetting nodes), `leases` (their table and
+//! phases; their durable log in `durable`, the settling of every change
+//! to a known outcome in `lease_settle`, and their recovery after a
+//! restart or a take-over in `lease_recovery`), `features`, `tasks` (task lists
 //! and runtime reports), `balance` (the node balancer's kept state around
 //! an engine pass), `cache` (the cache-aware accounting), `cluster_pick` and
 //! `cluster_pass` (the cluster hierarchy's placement and balance passes).
@@ -35,6 +36,7 @@ mod features;
 mod ingest;
 pub mod labels;
 mod lease_recovery;
+pub mod lease_settle;
 mod leases;
 mod lifecycle;
 pub mod remote;
@@ -43,14 +45,14 @@ mod tasks;
 pub use balance::{BalanceOutcome, BalanceRequest};
 pub use cache::{CacheSummary, ProcSummary};
 pub use cluster::pass::{ClusterBalanceRequest, PeerMembers};
-pub use durable::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError};
+pub use durable::{Commit, Epoch, LeaseLog, LeaseOp, LeaseRecord, LogError};
 pub use features::check_features;
 pub use ingest::check_labels;
 pub use labels::LabelPolicy;
 pub use lease_recovery::{Loaded, Reconciled};
 pub use leases::{
-    DEFAULT_MAX_LEASES_PER_CALLER, Ended, Lease, LeaseRefusal, NewLease, OwnerLimits, Target,
-    Unallocatable, wall_ms,
+    Change, DEFAULT_MAX_LEASES_PER_CALLER, EndKind, Ended, Lease, LeaseRefusal, NewLease,
+    OwnerLimits, Phase, Renewal, Target, Unallocatable, wall_ms,
 };
 pub use tasks::{CpuTaskList, RuntimeEntry};
 /// The limits of one update, for agents to cut their reports to.

@@ -16,6 +16,17 @@
 //! Order: ops submitted one after the other are committed in that order.
 //! The store submits under the node's writer mutex, so the log's order is
 //! the table's, and a renewal can never land after the release it raced.
+//!
+//! Outcomes: a commit either applied, was refused ([`LogError::refused`]:
+//! it certainly did not apply, e.g. a fence that no longer holds), or its
+//! outcome is unknown ([`LogError::unknown`]: a timeout, a lost
+//! connection, a failing disk). The store treats an unknown outcome as
+//! possibly applied and settles it (`store/lease_settle.rs`); a log must
+//! never report a refusal for a write that may still land.
+//!
+//! Fencing: a batch carries its node's ownership [`Epoch`]. A replicated
+//! log commits it only while the node's owner key is the one created at
+//! that epoch; embedded logs (one writer) take every batch.
 
 pub mod redb;
 
@@ -42,12 +53,31 @@ pub struct LeaseRecord {
     pub granted_at_ms: u64,
     /// The agent confirmed it applied the lease.
     pub applied: bool,
+    /// The caller's idempotency key (empty: none): a retried AllocateCpus
+    /// with it is answered with this lease, wherever it lands.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request_id: String,
 }
+
+/// A node's ownership period in a replicated log: the revision at which
+/// its owner key was created (0: not fenced, an embedded log).
+pub type Epoch = i64;
 
 /// One change of the log.
 #[derive(Debug, Clone)]
 pub enum LeaseOp {
-    /// A grant, a renewal or an adoption: the record, whole.
+    /// A new lease (a grant, an adoption): the record, whole. It applies
+    /// only where the lease has neither a record nor a tombstone, so a
+    /// grant whose first commit was lost and that was ended meanwhile can
+    /// never land late.
+    Grant(LeaseRecord),
+    /// A grant whose first commit had an unknown outcome, made certain:
+    /// the record, whole, whether or not the first write applied, only
+    /// where the lease has no tombstone.
+    Settle(LeaseRecord),
+    /// A change of a committed lease (a renewal, the agent's confirmation):
+    /// the record, whole. It applies only where the record still exists
+    /// and has no tombstone, so it can never bring back an ended lease.
     Put(LeaseRecord),
     /// A lease ended before its time (released, its target gone, lost a
     /// conflict): gone, with a tombstone kept until `until_ms` (the expiry
@@ -70,7 +100,7 @@ impl LeaseOp {
     /// a replicated log fences the op on that node's owner.
     pub fn node(&self) -> Option<&str> {
         match self {
-            LeaseOp::Put(r) => Some(&r.node),
+            LeaseOp::Grant(r) | LeaseOp::Settle(r) | LeaseOp::Put(r) => Some(&r.node),
             LeaseOp::End { node, .. } | LeaseOp::Delete { node, .. } => Some(node),
             LeaseOp::Forget(_) => None,
         }
@@ -87,11 +117,34 @@ pub struct Stored {
 
 /// Why the log could not load or commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogError(pub String);
+pub struct LogError {
+    pub message: String,
+    /// The write may have applied (or may still): a timeout, a lost
+    /// answer, a failed fsync. False: it certainly did not.
+    pub unknown: bool,
+}
+
+impl LogError {
+    /// The write certainly did not apply (or nothing was written).
+    pub fn refused(message: impl Into<String>) -> LogError {
+        LogError {
+            message: message.into(),
+            unknown: false,
+        }
+    }
+
+    /// The write may have applied.
+    pub fn unknown(message: impl Into<String>) -> LogError {
+        LogError {
+            message: message.into(),
+            unknown: true,
+        }
+    }
+}
 
 impl std::fmt::Display for LogError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "lease store: {}", self.0)
+        write!(f, "lease store: {}", self.message)
     }
 }
 
@@ -123,7 +176,7 @@ impl Commit {
             Pending::Done(r) => r,
             Pending::Waiting(rx) => rx
                 .await
-                .unwrap_or_else(|_| Err(LogError("the committer stopped".into()))),
+                .unwrap_or_else(|_| Err(LogError::unknown("the committer stopped"))),
         }
     }
 
@@ -140,8 +193,8 @@ pub trait LeaseLog: Send + Sync + 'static {
     /// whose leases are loaded node by node as replicas take nodes over,
     /// returns nothing here.
     fn load(&self) -> Result<Stored, LogError>;
-    /// Queues `ops` for commit and returns at once.
-    fn submit(&self, ops: Vec<LeaseOp>) -> Commit;
+    /// Queues `ops` for commit, fenced on `epoch`, and returns at once.
+    fn submit(&self, epoch: Epoch, ops: Vec<LeaseOp>) -> Commit;
     /// What and where it is, for the start-up log line.
     fn describe(&self) -> String;
     /// Whether an op can be committed now: a replicated log that has lost
@@ -149,6 +202,13 @@ pub trait LeaseLog: Send + Sync + 'static {
     /// in memory. Embedded logs always can.
     fn writable(&self) -> Result<(), LogError> {
         Ok(())
+    }
+    /// Whether the log is the one truth of several servers (etcd): a lease
+    /// an agent reports and the log does not hold was never committed or
+    /// has ended, and is never adopted. An embedded log may have been lost
+    /// with its state directory, and the agents' copies bring leases back.
+    fn authoritative(&self) -> bool {
+        false
     }
 }
 
@@ -161,7 +221,7 @@ impl LeaseLog for MemoryLog {
         Ok(Stored::default())
     }
 
-    fn submit(&self, _ops: Vec<LeaseOp>) -> Commit {
+    fn submit(&self, _epoch: Epoch, _ops: Vec<LeaseOp>) -> Commit {
         Commit::done(Ok(()))
     }
 

@@ -19,7 +19,7 @@ use std::time::Instant;
 use redb::{Database, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::{Commit, LeaseLog, LeaseOp, LeaseRecord, LogError, Stored};
+use super::{Commit, Epoch, LeaseLog, LeaseOp, LeaseRecord, LogError, Stored};
 
 /// Lease id -> the record as JSON (a format a person can read with any
 /// redb tool, and that can gain fields without a migration).
@@ -56,8 +56,16 @@ impl Drop for RedbLog {
     }
 }
 
+/// A failure before anything was written: the batch certainly did not apply.
 fn err(what: &str, e: impl std::fmt::Display) -> LogError {
-    LogError(format!("{what}: {e}"))
+    LogError::refused(format!("{what}: {e}"))
+}
+
+/// A failure once the transaction was writing (an I/O error, a failed
+/// fsync): whether the batch is on disk is not known, and it is settled by
+/// writing it again.
+fn err_unknown(what: &str, e: impl std::fmt::Display) -> LogError {
+    LogError::unknown(format!("{what}: {e}"))
 }
 
 impl RedbLog {
@@ -68,7 +76,7 @@ impl RedbLog {
             .map_err(|e| err(&format!("--state-dir {}", dir.display()), e))?;
         let path = dir.join(FILE);
         let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => LogError(format!(
+            redb::DatabaseError::DatabaseAlreadyOpen => LogError::refused(format!(
                 "{} is in use by another process (another fairplace-server with the same --state-dir?)",
                 path.display()
             )),
@@ -127,25 +135,30 @@ fn write(db: &Database, batches: &[Batch]) -> Result<(), LogError> {
     {
         let mut t = txn.open_table(LEASES).map_err(|e| err("open table", e))?;
         let mut ended = txn.open_table(ENDED).map_err(|e| err("open table", e))?;
+        // One writer (this thread) and no late writes: a grant's or an
+        // update's condition (no tombstone) always holds here, as the store
+        // never reuses an id.
         for op in batches.iter().flat_map(|b| &b.ops) {
             match op {
-                LeaseOp::Put(r) => {
+                LeaseOp::Grant(r) | LeaseOp::Settle(r) | LeaseOp::Put(r) => {
                     let json = serde_json::to_vec(r).map_err(|e| err("encode", e))?;
                     t.insert(r.id, json.as_slice())
-                        .map_err(|e| err("insert", e))?;
+                        .map_err(|e| err_unknown("insert", e))?;
                 }
                 LeaseOp::End { id, until_ms, .. } => {
-                    t.remove(*id).map_err(|e| err("remove", e))?;
-                    ended.insert(*id, *until_ms).map_err(|e| err("insert", e))?;
+                    t.remove(*id).map_err(|e| err_unknown("remove", e))?;
+                    ended
+                        .insert(*id, *until_ms)
+                        .map_err(|e| err_unknown("insert", e))?;
                 }
                 LeaseOp::Delete { id, .. } | LeaseOp::Forget(id) => {
-                    t.remove(*id).map_err(|e| err("remove", e))?;
-                    ended.remove(*id).map_err(|e| err("remove", e))?;
+                    t.remove(*id).map_err(|e| err_unknown("remove", e))?;
+                    ended.remove(*id).map_err(|e| err_unknown("remove", e))?;
                 }
             }
         }
     }
-    txn.commit().map_err(|e| err("commit", e))
+    txn.commit().map_err(|e| err_unknown("commit", e))
 }
 
 impl LeaseLog for RedbLog {
@@ -173,14 +186,14 @@ impl LeaseLog for RedbLog {
         Ok(Stored { leases: out, ended })
     }
 
-    fn submit(&self, ops: Vec<LeaseOp>) -> Commit {
+    fn submit(&self, _epoch: Epoch, ops: Vec<LeaseOp>) -> Commit {
         if ops.is_empty() {
             return Commit::done(Ok(()));
         }
         let (done, rx) = oneshot::channel();
         match self.queue.as_ref().map(|q| q.send(Batch { ops, done })) {
             Some(Ok(())) => Commit::waiting(rx),
-            _ => Commit::done(Err(LogError("the committer stopped".into()))),
+            _ => Commit::done(Err(LogError::refused("the committer stopped"))),
         }
     }
 
@@ -206,6 +219,7 @@ mod tests {
             expires_at_ms: 2_000_000_000_000,
             granted_at_ms: 1_000_000_000_000,
             applied: true,
+            request_id: String::new(),
         }
     }
 
@@ -221,23 +235,29 @@ mod tests {
         {
             let log = RedbLog::open(&dir).unwrap();
             let commits: Vec<Commit> = (1..=3u64)
-                .map(|i| log.submit(vec![LeaseOp::Put(record(i))]))
+                .map(|i| log.submit(0, vec![LeaseOp::Grant(record(i))]))
                 .collect();
             for c in commits {
                 c.wait().await.unwrap();
             }
-            log.submit(vec![LeaseOp::Delete {
-                id: 2,
-                node: "n1".into(),
-            }])
+            log.submit(
+                0,
+                vec![LeaseOp::Delete {
+                    id: 2,
+                    node: "n1".into(),
+                }],
+            )
             .wait()
             .await
             .unwrap();
-            log.submit(vec![LeaseOp::End {
-                id: 3,
-                node: "n1".into(),
-                until_ms: 99,
-            }])
+            log.submit(
+                0,
+                vec![LeaseOp::End {
+                    id: 3,
+                    node: "n1".into(),
+                    until_ms: 99,
+                }],
+            )
             .wait()
             .await
             .unwrap();
@@ -252,7 +272,10 @@ mod tests {
             vec![(3, 99)],
             "an early end leaves a tombstone"
         );
-        log.submit(vec![LeaseOp::Forget(3)]).wait().await.unwrap();
+        log.submit(0, vec![LeaseOp::Forget(3)])
+            .wait()
+            .await
+            .unwrap();
         assert!(log.load().unwrap().ended.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -262,7 +285,7 @@ mod tests {
         let dir = tempdir("twice");
         let _first = RedbLog::open(&dir).unwrap();
         let e = RedbLog::open(&dir).err().expect("the file is locked");
-        assert!(e.0.contains("in use"), "{e}");
+        assert!(e.message.contains("in use"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
