@@ -300,7 +300,7 @@ pub const ALL: [(&str, &str, &str); 63] = [
     (
         LEASES_ENDED,
         "counter",
-        "Leases ended, by how: released, expired, target_gone, apply_failed, abandoned (its AllocateCpus was cut short before it answered), topology (CPUs the node no longer has), conflict (lost to an earlier lease an agent held), store_failed.",
+        "Leases ended, by how: released, expired, target_gone, apply_failed, abandoned (its AllocateCpus was cut short before it answered), topology (CPUs the node no longer has). Counted once the end is committed, or for ended-with-unknown-outcome ends once begun.",
     ),
     (
         LEASE_UNKNOWN,
@@ -532,6 +532,8 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
     }
     metrics::counter!(LEASE_REFUSALS, "policy" => "kernel", "reason" => "leased").absolute(0);
     metrics::counter!(LEASES_ENDED, "how" => "released").absolute(0);
+    metrics::counter!(LEASE_UNKNOWN, "change" => "grant").absolute(0);
+    metrics::counter!(LEASE_SETTLED, "change" => "grant", "outcome" => "applied").absolute(0);
     metrics::counter!(LEASES_RECOVERED, "how" => "loaded").absolute(0);
     Ok(handle)
 }

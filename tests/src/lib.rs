@@ -2,6 +2,8 @@
 //! loopback with free ports, and stopped when dropped.
 
 pub mod etcd;
+pub mod faults;
+pub mod history;
 pub mod partition;
 
 use std::io::{BufRead, BufReader};
@@ -13,11 +15,13 @@ use std::time::{Duration, Instant};
 /// The workspace's target directory for the running profile.
 fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
-    // target/<profile>/deps/<test> -> target/<profile>
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
+    // target/<profile>/deps/<test> -> target/<profile>; a binary of this
+    // crate (target/<profile>/<bin>) is there already.
+    let dir = exe.parent().expect("target dir");
+    match dir.file_name() {
+        Some(d) if d == "deps" => dir.parent().expect("target dir").to_path_buf(),
+        _ => dir.to_path_buf(),
+    }
 }
 
 /// Path of one of the workspace's binaries, built once per test run.
@@ -104,6 +108,12 @@ impl Server {
     /// A server on free ports, with a lease store of its own (a fresh
     /// temporary `--state-dir`) unless `extra` names one.
     pub fn start(extra: &[&str]) -> Server {
+        Server::start_env(extra, &[])
+    }
+
+    /// [`Server::start`] with `env` set for the server (a preloaded
+    /// libfaketime, say).
+    pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let named = extra
             .iter()
             .any(|a| *a == "--state-dir" || *a == "--lease-store");
@@ -112,13 +122,14 @@ impl Server {
         if let Some(d) = &state {
             args.extend(["--state-dir", d.path()]);
         }
-        let mut s = Server::spawn(&args);
+        let mut s = Server::spawn(&args, env);
         s.state = state;
         s
     }
 
-    fn spawn(extra: &[&str]) -> Server {
+    fn spawn(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(bin("fairplace-server"))
+            .envs(env.iter().copied())
             .args([
                 "serve",
                 "--grpc-addr",

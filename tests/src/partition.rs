@@ -5,9 +5,13 @@
 //! that drops packets looks like to both ends (no reset, no FIN: calls hang
 //! until their own timeouts). Healed, every connection held during the cut
 //! is closed, as a peer that timed out would find it, and new connections
-//! are relayed again.
+//! are relayed again. Slowed ([`Link::slow`]), every chunk read is held
+//! that long before it is passed on, both ways: a slow disk or a congested
+//! network, as the process sees it.
 
-use tokio::io::copy_bidirectional;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -15,6 +19,7 @@ pub struct Link {
     /// Where the process connects instead of the service (`host:port`).
     pub addr: String,
     cut: watch::Sender<bool>,
+    delay: watch::Sender<Duration>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -27,13 +32,24 @@ impl Link {
             .expect("bind a relay");
         let addr = listener.local_addr().unwrap().to_string();
         let (cut, rx) = watch::channel(false);
+        let (delay, slow) = watch::channel(Duration::ZERO);
         let upstream = upstream.to_string();
         let task = tokio::spawn(async move {
             while let Ok((down, _)) = listener.accept().await {
-                tokio::spawn(relay(down, upstream.clone(), rx.clone()));
+                tokio::spawn(relay(down, upstream.clone(), rx.clone(), slow.clone()));
             }
         });
-        Link { addr, cut, task }
+        Link {
+            addr,
+            cut,
+            delay,
+            task,
+        }
+    }
+
+    /// Holds every chunk `d` before passing it on (zero: at once).
+    pub fn slow(&self, d: Duration) {
+        self.delay.send_replace(d);
     }
 
     pub fn cut(&self) {
@@ -53,19 +69,56 @@ impl Drop for Link {
 
 /// One connection: relayed while the link is up; held silent from a cut
 /// until the heal, then closed.
-async fn relay(mut down: TcpStream, upstream: String, mut cut: watch::Receiver<bool>) {
+async fn relay(
+    down: TcpStream,
+    upstream: String,
+    mut cut: watch::Receiver<bool>,
+    slow: watch::Receiver<Duration>,
+) {
     if !*cut.borrow_and_update() {
-        let Ok(mut up) = TcpStream::connect(&upstream).await else {
+        let Ok(up) = TcpStream::connect(&upstream).await else {
             return;
         };
+        let (down_r, down_w) = down.into_split();
+        let (up_r, up_w) = up.into_split();
+        let both = async {
+            tokio::join!(
+                pipe(down_r, up_w, slow.clone()),
+                pipe(up_r, down_w, slow)
+            )
+        };
         tokio::select! {
-            _ = copy_bidirectional(&mut down, &mut up) => return,
+            _ = both => return,
             _ = cut.wait_for(|c| *c) => {}
         }
-        // `up` is held too: the service sees a silent client.
+        // Both halves were dropped with the select: held silent, the
+        // service sees a client that stopped answering only once the link
+        // heals and the connection closes.
         let _ = cut.wait_for(|c| !*c).await;
-        drop(up);
         return;
     }
     let _ = cut.wait_for(|c| !*c).await;
+}
+
+/// One direction of a connection, each chunk held for the link's delay.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    slow: watch::Receiver<Duration>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let d = *slow.borrow();
+        if !d.is_zero() {
+            tokio::time::sleep(d).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }

@@ -231,6 +231,15 @@ impl AdminService for Admin {
             .await;
         }
         let n = self.node(&req.get_ref().node_id)?;
+        if let Some(rep) = &self.replicated
+            && !rep.current(&self.store, &n.id)
+        {
+            return Err(Status::unavailable(format!(
+                "node_id: replica {} does not hold node {} in its current ownership period (moving, or this replica lost etcd); retry",
+                rep.replica.id,
+                crate::quote::quote(&n.id)
+            )));
+        }
         let s = n.snapshot();
         Ok(Response::new(pb::GetNodeResponse {
             summary: Some(summary(&self.store, &n, &s, Instant::now())),

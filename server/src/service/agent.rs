@@ -80,7 +80,7 @@ fn register(
     labels.sort();
     let source = pb::SignalSource::try_from(reg.signal_source)
         .unwrap_or(pb::SignalSource::Unspecified) as i32;
-    let (node, generation) = store.register(&reg.node_id, labels, reg.agent_version, spec)?;
+    let (node, generation) = store.register_agent(&reg.node_id, labels, reg.agent_version, spec)?;
     node.signal_source
         .store(source, std::sync::atomic::Ordering::Relaxed);
     store.set_kernel(&node, kernel);
@@ -245,6 +245,7 @@ impl ReportStream {
             let drop = Box::pin(super::allocate::reconcile(&self.store, &sink, &node, &held)).await;
             Box::pin(self.hub.resend(&self.store, &node, &self.tx, drop)).await;
         }
+        self.store.reconciled(&node);
         Some((node, generation, moved, serving))
     }
 

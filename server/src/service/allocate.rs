@@ -405,6 +405,10 @@ impl From<Unallocatable> for NoRoom {
                 reason: "node",
                 message: "node_id: the node re-registered or was forgotten during the allocation; nothing was granted, retry".into(),
             },
+            Unallocatable::Registering => NoRoom {
+                reason: "node",
+                message: "node_id: the node's agent is registering; nothing was granted, retry".into(),
+            },
             Unallocatable::CallerLimit(why) => NoRoom {
                 reason: "caller_limit",
                 message: format!("count: {why}"),

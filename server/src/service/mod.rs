@@ -133,7 +133,6 @@ pub fn open_store(cfg: &ServeConfig) -> Result<Arc<Store>, crate::store::LogErro
     tracing::info!(
         store = %store.lease_log(),
         loaded = loaded.loaded,
-        expired = loaded.expired,
         unreadable = loaded.unreadable,
         "leases loaded"
     );

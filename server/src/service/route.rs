@@ -76,15 +76,20 @@ impl Replicated {
     }
 
     /// The replica that answers a call for lease `id`: here when this
-    /// replica holds it (or the call was forwarded), else its node's owner,
-    /// found through the lease's key in etcd.
+    /// replica holds it in memory, or when etcd has no such lease (then the
+    /// answer is NOT_FOUND, and it is the truth); else its node's owner,
+    /// found through the lease's key in etcd. A lease etcd holds on a node
+    /// whose leases this replica has not loaded (it claimed the node and its
+    /// agent has not registered yet, or a peer forwarded the call on an
+    /// older view) is UNAVAILABLE, never a NOT_FOUND this replica cannot
+    /// know to be true.
     pub async fn route_lease(
         &self,
         store: &Store,
         id: u64,
         ext: &http::Extensions,
     ) -> Result<Route, Status> {
-        if forwarded(ext) || store.lease_node(id).is_some() {
+        if store.lease_node(id).is_some() {
             return Ok(Route::Here);
         }
         let kv = self
@@ -98,13 +103,22 @@ impl Replicated {
         };
         let node = String::from_utf8_lossy(&kv.value).into_owned();
         match self.replica.owner_of(&node) {
-            Some(m) if m.id != self.replica.id => Ok(Route::Peer(m)),
-            Some(_) => Ok(Route::Here),
-            None => Err(Status::unavailable(format!(
-                "lease_id: lease {id} is on node {}, which no replica holds now (its agent is reconnecting); retry",
+            Some(m) if m.id != self.replica.id && !forwarded(ext) => Ok(Route::Peer(m)),
+            _ => Err(Status::unavailable(format!(
+                "lease_id: lease {id} is on node {}, whose leases no replica this call reached has loaded now (the node is moving); retry",
                 crate::quote::quote(&node)
             ))),
         }
+    }
+
+    /// Whether this replica answers for `node`'s leases now: it holds the
+    /// node's owner key, its etcd lease is alive, and the leases in memory
+    /// were loaded in the key's ownership period. A replica that was paused
+    /// or cut off past its etcd lease answers nothing from its old table.
+    pub fn current(&self, store: &Store, node: &str) -> bool {
+        self.replica
+            .fence(node)
+            .is_some_and(|(_, epoch)| store.lease_epoch(node) == epoch)
     }
 
     /// The elected balancer, as a member; UNAVAILABLE while there is none.

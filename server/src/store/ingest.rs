@@ -80,6 +80,37 @@ impl Store {
         agent_version: String,
         spec: TopologySpec,
     ) -> Result<(Arc<Node>, u64), RegisterError> {
+        self.register_as(id, labels, agent_version, spec, false)
+    }
+
+    /// [`Store::register`] for an agent's stream: the node grants no lease
+    /// until [`Store::reconciled`], so no grant reaches the agent before it
+    /// heard which of the leases it holds are over (an agent applying a new
+    /// grant beside an ended lease on the same CPUs).
+    pub fn register_agent(
+        &self,
+        id: &str,
+        labels: Vec<(String, String)>,
+        agent_version: String,
+        spec: TopologySpec,
+    ) -> Result<(Arc<Node>, u64), RegisterError> {
+        self.register_as(id, labels, agent_version, spec, true)
+    }
+
+    /// The node's agent heard the outcome of its registration's lease
+    /// reconciliation: the node grants leases again.
+    pub fn reconciled(&self, node: &Node) {
+        node.reconciling.store(false, Ordering::SeqCst);
+    }
+
+    fn register_as(
+        &self,
+        id: &str,
+        labels: Vec<(String, String)>,
+        agent_version: String,
+        spec: TopologySpec,
+        reconciling: bool,
+    ) -> Result<(Arc<Node>, u64), RegisterError> {
         self.check_node_id(id)?;
         check_labels(&labels)?;
         check_agent_version(&agent_version)?;
@@ -101,6 +132,7 @@ impl Store {
             && old.reported_labels == reported_labels
             && old.agent_version == agent_version
         {
+            old.reconciling.store(reconciling, Ordering::SeqCst);
             old.generation.store(generation, Ordering::SeqCst);
             old.connected.store(true, Ordering::SeqCst);
             old.writer
@@ -166,6 +198,7 @@ impl Store {
             }),
             generation: AtomicU64::new(generation),
             connected: AtomicBool::new(true),
+            reconciling: AtomicBool::new(reconciling),
             registered_at: Instant::now(),
             cache: Mutex::new(None),
             balancer: Mutex::new(None),

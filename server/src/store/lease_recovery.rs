@@ -2,8 +2,8 @@
 //! at start ([`Store::load_leases`]) and each node's agent when it
 //! registers ([`Store::reconcile_leases`]).
 //!
-//! The log is the first witness: every lease it holds that has not expired
-//! is parked under its node and goes back into the node when the node's
+//! The log is the first witness: every lease it holds is parked under its
+//! node and goes back into the node when the node's
 //! agent registers. The agent is the second: it checkpoints the leases it
 //! was sent and reports them with its registration, so a server whose
 //! state directory was lost gets them back. Each lease the agent reports:
@@ -20,13 +20,15 @@
 //!   until the expiry the lease had), naming another node's lease, or
 //!   unreadable: released on the node.
 //!
-//! Clocks: a replica taking a node over never judges another machine's
-//! wall-clock expiry. Each lease it loads gets its whole TTL again from
-//! the moment it is loaded (the load comes after every acknowledged
-//! renewal was committed, so no acknowledged lease ends early whatever the
-//! two clocks say; a lease may live up to one TTL longer, holding its CPUs
-//! longer, never shorter). A single server reading its own store after a
-//! restart judges its own clock's times.
+//! Clocks: a server loading leases (at start, or a replica taking a node
+//! over) never judges a stored wall-clock expiry, written by another
+//! machine or by itself before its clock moved. Each lease it loads gets
+//! its whole TTL again from the moment it is loaded: the load comes after
+//! every acknowledged renewal was committed, so no acknowledged lease ends
+//! early whatever the clocks say. A lease may live up to one TTL longer
+//! than its holder was told (its CPUs held longer, never shorter), and one
+//! that expired while the server was down lives one TTL more unless its
+//! holder releases it.
 //!
 //! Leases the server knows and the agent does not report are sent to it
 //! again by the service after registration (applied again).
@@ -50,8 +52,6 @@ fn recovered(how: &'static str, n: usize) {
 pub struct Loaded {
     /// Live leases, parked until their nodes register.
     pub loaded: usize,
-    /// Leases whose expiry passed while the server was down: ended.
-    pub expired: usize,
     /// Records whose CPUs could not be read: ended.
     pub unreadable: usize,
 }
@@ -84,7 +84,7 @@ impl Store {
     /// their time kept (the others deleted).
     pub fn load_leases(&self, now: Instant) -> Result<Loaded, LogError> {
         let stored = self.log.load()?;
-        Ok(self.park_stored(stored, now, false))
+        Ok(self.park_stored(stored, now))
     }
 
     /// The ownership period `node`'s leases in memory were loaded in (0:
@@ -121,15 +121,14 @@ impl Store {
         }
         self.leases.set_epoch(node, Some(epoch));
         stored.leases.retain(|r| r.node == node);
-        Some(self.park_stored(stored, now, true))
+        Some(self.park_stored(stored, now))
     }
 
-    /// Parks the live leases of `stored` under their nodes and keeps its
-    /// tombstones still in their time; deletes the expired, the unreadable
-    /// and the tombstones past their time. `fresh`: written by another
-    /// machine, whose clock is not judged: each lease gets its whole TTL
-    /// from `now` (module doc).
-    fn park_stored(&self, stored: super::durable::Stored, now: Instant, fresh: bool) -> Loaded {
+    /// Parks the live leases of `stored` under their nodes, each with its
+    /// whole TTL from `now` (no wall clock is judged, module doc), and
+    /// keeps its tombstones still in their time; deletes the unreadable
+    /// records and the tombstones past their time.
+    fn park_stored(&self, stored: super::durable::Stored, now: Instant) -> Loaded {
         let now_ms = unix_ms_now();
         let mut out = Loaded::default();
         let mut gone = Vec::new();
@@ -154,16 +153,7 @@ impl Store {
                 });
                 continue;
             };
-            if fresh {
-                lease.expires = now + lease.ttl;
-            } else if r.expires_at_ms <= now_ms {
-                out.expired += 1;
-                gone.push(LeaseOp::Delete {
-                    id: r.id,
-                    node: r.node.clone(),
-                });
-                continue;
-            }
+            lease.expires = now + lease.ttl;
             index.add(
                 r.id,
                 &r.node,
@@ -180,7 +170,7 @@ impl Store {
         let epoch = stored_epoch(self, &gone);
         self.log.submit(epoch, gone).detach();
         recovered("loaded", out.loaded);
-        recovered("expired", out.expired + out.unreadable);
+        recovered("expired", out.unreadable);
         out
     }
 

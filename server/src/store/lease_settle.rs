@@ -10,15 +10,19 @@
 //! the change again, backing off, until the log acknowledges or refuses
 //! the new write, which settles the question:
 //!
-//! | change | written again | applied | refused |
-//! |---|---|---|---|
-//! | grant with a request id | the record, unless a tombstone exists | live: the caller's retry finds it | gone |
-//! | grant without one | its end, with a tombstone | ended for certain (nobody could know its id) | live again |
-//! | renewal | the renewed record, if it still exists | renewed | as it was |
-//! | end (release, expiry) | the end | ended, its CPUs free | live again |
+//! | change | written again | once acknowledged |
+//! |---|---|---|
+//! | grant with a request id | the record, unless a tombstone exists | live: the caller's retry finds it |
+//! | grant without one | its end, with a tombstone | ended for certain (nobody could know its id) |
+//! | renewal | the renewed record, if it still exists | renewed |
+//! | end (release, expiry) | the end | ended, its CPUs free |
 //!
 //! Every write again is idempotent, and the first write, should it land
 //! late, cannot undo a settled outcome (the log's conditions, `durable/`).
+//! Only an acknowledged write settles: a write again that is refused (the
+//! replica lost the node's fence meanwhile, say) says nothing of whether
+//! the first one applied before, so the lease keeps its CPUs and the
+//! settler tries again.
 //! A change of a lease that left memory meanwhile (its node let go, or
 //! claimed again in a new ownership period and read again from the log)
 //! stops being settled here: the log holds the truth and the next owner
@@ -106,20 +110,21 @@ async fn drive(
     let mut backoff = RETRY_MIN;
     loop {
         let r = commit.wait().await;
-        let unknown = matches!(&r, Err(e) if e.unknown);
-        if !unknown {
+        // The first write's refusal is conclusive: that write was judged
+        // and can never apply. A write again's refusal is not (the fence
+        // moved, or the lease changed: the first write may have applied
+        // before), so only its success settles an unknown outcome.
+        let known = match &r {
+            Ok(()) => true,
+            Err(e) => !e.unknown && again.is_none(),
+        };
+        if known {
             let applied = r.is_ok();
             let out = apply(store, sink, id, what, again, applied);
             if again.is_some() {
-                let outcome = if applied { "applied" } else { "not_applied" };
-                metrics::counter!(m::LEASE_SETTLED, "change" => what.label(), "outcome" => outcome)
+                metrics::counter!(m::LEASE_SETTLED, "change" => what.label(), "outcome" => "applied")
                     .increment(1);
-                tracing::info!(
-                    lease = id,
-                    change = what.label(),
-                    outcome,
-                    "an unknown lease commit outcome is settled"
-                );
+                tracing::info!(lease = id, change = what.label(), "an unknown lease commit outcome is settled");
             }
             if let Some(tx) = tx.take() {
                 let _ = tx.send(r.map(|()| out));
@@ -136,6 +141,8 @@ async fn drive(
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(RETRY_MAX);
         let Some(change) = again else { return };
+        // `None`: the lease left memory (its node was let go, or read
+        // again in a new ownership period): the log holds the truth.
         match store.resubmit(id, change) {
             Some(c) => commit = c,
             None => return,

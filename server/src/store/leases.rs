@@ -472,6 +472,9 @@ pub enum Unallocatable {
     /// (the node re-registered with another topology, or was forgotten):
     /// nothing was granted; the caller may retry.
     NodeGone,
+    /// The node's agent is registering and has not yet heard which of its
+    /// leases are over: the caller may retry.
+    Registering,
     /// The caller holds as many leases or CPUs as it may; why.
     CallerLimit(String),
     /// The caller's request id already has this lease: a retry, answered
@@ -554,6 +557,9 @@ impl Store {
         let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         if w.leases.retired {
             return Err(Unallocatable::NodeGone.into());
+        }
+        if node.reconciling.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Unallocatable::Registering.into());
         }
         let cur = node.snapshot();
         let held = w.leases.leased();

@@ -249,6 +249,9 @@ pub struct Node {
     /// The registration (stream) that may write; a newer one supersedes it.
     pub generation: AtomicU64,
     pub connected: AtomicBool,
+    /// Its agent registered and has not yet heard which of the leases it
+    /// holds are over: it grants no lease meanwhile.
+    pub reconciling: AtomicBool,
     pub registered_at: Instant,
     /// Cache-aware accounting, made at the first runtime report; only agent
     /// reports and balance passes touch it.
