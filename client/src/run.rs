@@ -8,6 +8,14 @@
 //! runs, releases it when the command exits, and exits with the command's
 //! status (128 + N for a signal N, as shells report it).
 //!
+//! The command runs in a process group of its own: the signals `fairplace
+//! run` passes on reach every process of it (a `sh -c 'CMD'` and its CMD),
+//! and when the command's first process ends, whatever else of the group
+//! is left is ended (SIGTERM, then SIGKILL after a grace) before the lease
+//! is released, so nothing of the command keeps running on CPUs that may be
+//! granted to someone else. On a terminal, the group is given the terminal
+//! while it runs (as a shell gives a job) and it is taken back after.
+//!
 //! The command keeps running whatever the server does: a renewal the
 //! server cannot answer (restarting, unreachable) is retried with backoff
 //! until the lease would have expired, and then the command goes on
@@ -73,19 +81,37 @@ impl Cpus {
 }
 
 impl Client {
-    /// AllocateCpus. Not retried: a lease may have been granted before the
-    /// connection failed, and a retry would take a second one.
+    /// AllocateCpus, with a `request_id` (a random one when the request has
+    /// none), retried with it while the outcome is unknown (UNAVAILABLE, or
+    /// no answer in time): the server answers a retry with the first
+    /// grant, so a lease granted before the connection failed is found,
+    /// never taken twice.
     pub async fn allocate_cpus(
         &self,
-        req: pb::AllocateCpusRequest,
+        mut req: pb::AllocateCpusRequest,
     ) -> Result<pb::AllocateCpusResponse, Status> {
-        let mut c = self.placement.clone();
-        match tokio::time::timeout(self.deadline, c.allocate_cpus(self.request(req))).await {
-            Ok(r) => r.map(|r| r.into_inner()),
-            Err(_) => Err(Status::deadline_exceeded(format!(
-                "no answer within {:?}",
-                self.deadline
-            ))),
+        if req.request_id.is_empty() {
+            req.request_id = new_request_id();
+        }
+        let mut backoff = Duration::from_millis(50);
+        let mut left = self.attempts.max(1);
+        loop {
+            let mut c = self.placement.clone();
+            let r = self.request(req.clone());
+            let s = match tokio::time::timeout(self.deadline, c.allocate_cpus(r)).await {
+                Ok(Ok(r)) => return Ok(r.into_inner()),
+                Ok(Err(s)) => s,
+                Err(_) => {
+                    Status::deadline_exceeded(format!("no answer within {:?}", self.deadline))
+                }
+            };
+            let unknown = matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded);
+            if !unknown || left <= 1 {
+                return Err(s);
+            }
+            left -= 1;
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
         }
     }
 
@@ -110,6 +136,20 @@ impl Client {
         })
         .await
     }
+}
+
+/// A request id no other call makes: 128 random bits, as hex.
+pub fn new_request_id() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        // No generator: the time and the pid, unique enough for one
+        // caller's retries.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b = (t ^ (u128::from(std::process::id()) << 96)).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// This machine's node id, as the agent names it: the hostname.
@@ -251,6 +291,14 @@ async fn launch(
             }
         }
     }
+    // Its own process group, given the terminal when this one has it.
+    let terminal = foreground_terminal();
+    cmd.process_group(0);
+    if terminal {
+        // SAFETY: as above; sigprocmask, tcsetpgrp and getpid are
+        // async-signal-safe.
+        unsafe { cmd.pre_exec(take_terminal) };
+    }
     // Caught from before the command exists: a signal that arrives once it
     // does (the moment a caller can see its pid) is passed on, never lost
     // between the spawn and the first wait.
@@ -258,8 +306,79 @@ async fn launch(
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("{}: {e}", PathBuf::from(program).display()))?;
+    let group = child.id().map(|p| p as libc::pid_t);
     let name = PathBuf::from(program).display().to_string();
-    supervise(client, cpus, &mut child, &name, forward).await
+    let out = supervise(client, cpus, &mut child, &name, forward).await;
+    if let Some(g) = group {
+        end_group(g).await;
+    }
+    if terminal {
+        give_terminal_back();
+    }
+    out
+}
+
+/// Whether this process is in the foreground of a terminal on its standard
+/// input: the command's group is then given the terminal while it runs.
+fn foreground_terminal() -> bool {
+    // SAFETY: isatty, tcgetpgrp and getpgrp take a descriptor or nothing.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+/// In the child, in its new group: takes the terminal (SIGTTOU held off
+/// meanwhile, as a background group's tcsetpgrp would raise it).
+fn take_terminal() -> std::io::Result<()> {
+    // SAFETY: sigset operations on a local set, sigprocmask and tcsetpgrp
+    // on descriptor 0; all async-signal-safe.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTTOU);
+        libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old);
+        libc::tcsetpgrp(0, libc::getpid());
+        libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    Ok(())
+}
+
+/// Takes the terminal back for this process's group.
+fn give_terminal_back() {
+    // SAFETY: as in `take_terminal`, in this process.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTTOU);
+        libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old);
+        libc::tcsetpgrp(0, libc::getpgrp());
+        libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+}
+
+/// How long what is left of the command's group has after SIGTERM.
+const GROUP_GRACE: Duration = Duration::from_secs(2);
+
+/// Ends whatever is left of process group `g` once its first process
+/// ended: SIGTERM, then SIGKILL after [`GROUP_GRACE`].
+async fn end_group(g: libc::pid_t) {
+    // SAFETY: kill(-g, ...) signals the command's own group (g is the pid
+    // of the child that leads it, never 0 or 1).
+    let alive = || unsafe { libc::kill(-g, 0) == 0 };
+    if g <= 1 || !alive() {
+        return;
+    }
+    eprintln!("fairplace run: the command's other processes are still running: ending them");
+    // SAFETY: as above.
+    unsafe { libc::kill(-g, libc::SIGTERM) };
+    let give_up = Instant::now() + GROUP_GRACE;
+    while alive() && Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if alive() {
+        // SAFETY: as above.
+        unsafe { libc::kill(-g, libc::SIGKILL) };
+    }
 }
 
 /// In the child before it executes: the command dies (SIGKILL) with
@@ -450,8 +569,9 @@ async fn supervise(
             }
             sig = forward.recv() => {
                 if let Some(pid) = child.id() {
-                    // SAFETY: kill sends a signal to our own child.
-                    unsafe { libc::kill(pid as i32, sig) };
+                    // SAFETY: kill sends a signal to the process group our
+                    // own child leads (its pid, above 1).
+                    unsafe { libc::kill(-(pid as i32), sig) };
                 }
             }
         }

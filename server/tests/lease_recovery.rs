@@ -218,7 +218,8 @@ async fn leases_loaded_at_start_get_their_whole_ttl_again_whatever_the_wall_cloc
         "nothing ends at load"
     );
     // Its TTL from the load on: then it expires, and is deleted from the log.
-    let ended = fairplace::store::lease_settle::expire(&store, t0 + Duration::from_millis(60)).await;
+    let ended =
+        fairplace::store::lease_settle::expire(&store, t0 + Duration::from_millis(60)).await;
     assert_eq!(ended.len(), 1);
     drop(store);
     let log = RedbLog::open(&dir.0).unwrap();

@@ -165,7 +165,7 @@ boot_guest() { # topology log placements passes
     # crashes the guest while it patches its own text, and sets aside more
     # records (a vCPU stalls inside a decision) for little speed.
     # shellcheck disable=SC2046
-    timeout "$((600 + 12 * $3 + MIGRATIONS + 3 * $4))" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
+    timeout --foreground "$((600 + 12 * $3 + MIGRATIONS + 3 * $4))" qemu-system-x86_64 -accel tcg,thread=single $(qemu_args "$1") \
         -kernel "$WORK/kernel/vmlinuz" -initrd "$WORK/initrd.gz" \
         -append "console=ttyS0 quiet loglevel=1 sched_verbose noautogroup cpuidle.off=1 panic=-1 fp.n=$3 fp.seed=${SEEDS// /,} fp.profiles=${PROFILES// /,} fp.hz=$HZ_CONFIG fp.migrations=$MIGRATIONS fp.passes=$4" \
         -display none -monitor none -serial "file:$2" -no-reboot 2>"$WORK/$1.qemu.err" || true
@@ -193,6 +193,14 @@ run_topology() { # topology: boots it (again after an early crash), prints its l
         "$t" "$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" "${boot:-?}" "$(grep -c '^SCN\|^MIG \|^LB ' "$out" || true)" \
         >"$LOGDIR/$t.summary"
 }
+# Stopped by a signal (a `timeout` around this script, Ctrl-C) or ending
+# any way, no guest outlives the run: each guest's own `timeout` runs in
+# the foreground (no process group of its own that a signal to this run's
+# group would miss), and the guests of this run, found by their kernel
+# path, are killed on the way out.
+end_guests() { pkill -KILL -f -- "-kernel $WORK/kernel/vmlinuz" 2>/dev/null || true; }
+trap 'end_guests; trap - EXIT; exit 143' TERM INT HUP
+trap end_guests EXIT
 # FP_KERNEL_JOBS guests at a time (default 2: each uses one host CPU).
 JOBS="${FP_KERNEL_JOBS:-2}"
 logs=()

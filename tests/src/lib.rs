@@ -24,8 +24,13 @@ fn bin_dir() -> PathBuf {
     }
 }
 
-/// Path of one of the workspace's binaries, built once per test run.
+/// Path of one of the workspace's binaries, built once per test run;
+/// with `FAIRPLACE_BIN_DIR`, that folder's (another build's binaries: the
+/// fault suite run against an earlier version, say), built by nobody here.
 pub fn bin(name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("FAIRPLACE_BIN_DIR") {
+        return PathBuf::from(dir).join(name);
+    }
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
         let release = bin_dir().ends_with("release");

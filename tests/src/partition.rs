@@ -81,12 +81,8 @@ async fn relay(
         };
         let (down_r, down_w) = down.into_split();
         let (up_r, up_w) = up.into_split();
-        let both = async {
-            tokio::join!(
-                pipe(down_r, up_w, slow.clone()),
-                pipe(up_r, down_w, slow)
-            )
-        };
+        let both =
+            async { tokio::join!(pipe(down_r, up_w, slow.clone()), pipe(up_r, down_w, slow)) };
         tokio::select! {
             _ = both => return,
             _ = cut.wait_for(|c| *c) => {}

@@ -475,6 +475,65 @@ async fn a_hang_up_reaches_the_command_and_the_command_dies_with_fairplace_run()
     assert!(gone, "the command outlived fairplace run");
 }
 
+/// Whether `pid` is gone (or a zombie nobody reaped yet).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'))
+    })
+}
+
+/// `fairplace run -- sh -c 'CMD'`: the shell forks CMD, which ignores
+/// SIGHUP and SIGTERM. A hang-up reaches the whole command (its process
+/// group), the shell dies of it, and what is left of the command is ended
+/// before the lease is released: nothing keeps running on CPUs that may be
+/// granted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fairplace_run_of_a_shell_command_ends_all_of_it_before_the_lease_is_released() {
+    let (server, _agent, c) = setup().await;
+    let dir = fairplace_e2e::StateDir::new("run-group");
+    let pidfile = dir.0.join("pid");
+    let script = format!(
+        "(trap '' HUP TERM; exec sleep 300) & echo $! > {}; wait",
+        pidfile.display()
+    );
+    let run = Command::new(bin("fairplace"))
+        .args([
+            "--server",
+            &server.grpc,
+            "run",
+            "--node",
+            NODE,
+            "--cpus",
+            "1",
+        ])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut cmd = None;
+    for _ in 0..200 {
+        cmd = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok());
+        if cmd.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let cmd = cmd.expect("the shell started its command");
+    assert_eq!(leases(&c).await.len(), 1);
+    fairplace_e2e::send_signal(run.id(), libc::SIGHUP);
+    let out = run.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(129), "{err}");
+    assert!(gone(cmd), "CMD outlived fairplace run: {err}");
+    assert!(err.contains("other processes are still running"), "{err}");
+    assert!(leases(&c).await.is_empty());
+}
+
 /// A pid or cgroup names something on one machine: an AllocateCpus that
 /// lets the cluster choose the node cannot carry one (a hostile node the
 /// cluster chose would otherwise be handed another node's pid).

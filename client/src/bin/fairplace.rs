@@ -219,6 +219,11 @@ struct AllocateArgs {
     /// The agent applies the lease to this cgroup's cpuset.cpus.
     #[arg(long)]
     cgroup: Option<String>,
+    /// Idempotency key: the same caller running `allocate` again with it
+    /// gets the first grant, not a second lease (default: a random one,
+    /// used for this command's own retries).
+    #[arg(long, default_value = "")]
+    request_id: String,
 }
 
 #[derive(clap::Args)]
@@ -333,6 +338,7 @@ async fn allocate_cmd(cli: &Cli, args: &AllocateArgs) -> Result<(), String> {
             holder: args.holder.clone(),
             ttl_ms: args.ttl_ms,
             apply: target.map(|t| pb::ApplyTarget { target: Some(t) }),
+            request_id: args.request_id.clone(),
             ..Default::default()
         })
         .await

@@ -244,6 +244,7 @@ impl Store {
             .add(l.id, &node.id, &l.owner, l.cpus.weight(), &l.request_id);
         l.phase = Phase::Pending;
         l.busy = true;
+        l.committed = false;
         leases.leases.insert(l.id, l);
     }
 

@@ -124,7 +124,11 @@ async fn drive(
             if again.is_some() {
                 metrics::counter!(m::LEASE_SETTLED, "change" => what.label(), "outcome" => "applied")
                     .increment(1);
-                tracing::info!(lease = id, change = what.label(), "an unknown lease commit outcome is settled");
+                tracing::info!(
+                    lease = id,
+                    change = what.label(),
+                    "an unknown lease commit outcome is settled"
+                );
             }
             if let Some(tx) = tx.take() {
                 let _ = tx.send(r.map(|()| out));

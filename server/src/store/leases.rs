@@ -95,6 +95,9 @@ pub struct Lease {
     pub phase: Phase,
     /// A change is being committed, or its outcome is being settled.
     pub busy: bool,
+    /// Its grant was committed (it may be shown; a grant settled back,
+    /// ending without ever being acknowledged, never is).
+    pub committed: bool,
 }
 
 /// `t` on the wall clock, in ms since the Unix epoch.
@@ -137,9 +140,9 @@ impl Lease {
         }
     }
 
-    /// Whether callers and agents may see it: committed.
+    /// Whether callers and agents may see it: its grant was committed.
     pub fn visible(&self) -> bool {
-        self.phase != Phase::Pending
+        self.committed
     }
 
     /// A kept record as a live lease; `None` for CPUs that do not parse.
@@ -162,6 +165,7 @@ impl Lease {
             request_id: r.request_id.clone(),
             phase: Phase::Live,
             busy: false,
+            committed: true,
         })
     }
 }
@@ -581,6 +585,7 @@ impl Store {
             request_id: new.request_id,
             phase: Phase::Pending,
             busy: true,
+            committed: false,
         };
         let epoch = self.leases.epoch(&node.id);
         let commit = self
@@ -600,6 +605,7 @@ impl Store {
             if applied {
                 l.phase = Phase::Live;
                 l.busy = false;
+                l.committed = true;
                 return Ok(Some(l.clone()));
             }
             m.remove(&id);

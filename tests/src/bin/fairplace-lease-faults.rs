@@ -53,7 +53,11 @@ fn parse() -> Result<Args, String> {
                 let (lo, hi) = v.split_once('-').ok_or(format!("--gap-ms {v}: LO-HI"))?;
                 a.gap = (num(lo)?, num(hi)?.max(num(lo)?));
             }
-            _ => return Err(format!("{flag} {v}: not a flag of this command (see its doc)")),
+            _ => {
+                return Err(format!(
+                    "{flag} {v}: not a flag of this command (see its doc)"
+                ));
+            }
         }
     }
     Ok(a)
@@ -91,6 +95,13 @@ fn print(r: &Report) {
     println!("{}: {}", r.mode, r.line());
     println!("  faults by kind: {:?}", r.faults);
     println!("  grants answered OK: {}", r.granted);
+    let mut by_rule = std::collections::BTreeMap::<&str, usize>::new();
+    for v in &r.violations {
+        *by_rule.entry(v.rule).or_default() += 1;
+    }
+    if !by_rule.is_empty() {
+        println!("  violations by rule: {by_rule:?}");
+    }
     for v in r.violations.iter().take(20) {
         println!("  VIOLATION {}: {}", v.rule, v.detail);
     }

@@ -76,7 +76,9 @@ pub async fn run(rec: Arc<Recorder>, id: u32, t: Arc<Target>, seed: u64, until: 
 }
 
 /// Runs `f` within the call deadline: `None` when it gave no answer.
-async fn within<T>(f: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>) -> Option<Result<T, tonic::Status>> {
+async fn within<T>(
+    f: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Option<Result<T, tonic::Status>> {
     tokio::time::timeout(CALL_TIMEOUT, f)
         .await
         .ok()
@@ -163,7 +165,13 @@ impl Client {
             Some(Err(e)) => failed(&e),
             None => timed_out(),
         };
-        if matches!(out, Outcome::Failed { not_found: true, .. }) {
+        if matches!(
+            out,
+            Outcome::Failed {
+                not_found: true,
+                ..
+            }
+        ) {
             self.held.swap_remove(i);
         }
         let call = Call::Renew {

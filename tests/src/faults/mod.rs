@@ -122,7 +122,11 @@ pub async fn run(cfg: &Config) -> Report {
     let h = rec.history();
     let violations = history::check(&h);
     Report {
-        mode: if cfg.etcd.is_some() { "replicas on etcd" } else { "one server on redb" },
+        mode: if cfg.etcd.is_some() {
+            "replicas on etcd"
+        } else {
+            "one server on redb"
+        },
         operations: h.ops.len(),
         unknown: h
             .ops
@@ -191,7 +195,11 @@ async fn wait_registered(addrs: &[String], nodes: &[String]) {
 }
 
 /// A snapshot of the leases in etcd every 700 ms until `stop`.
-async fn snapshots(rec: Arc<Recorder>, etcd: fairplace::replica::etcd::Etcd, mut stop: watch::Receiver<bool>) {
+async fn snapshots(
+    rec: Arc<Recorder>,
+    etcd: fairplace::replica::etcd::Etcd,
+    mut stop: watch::Receiver<bool>,
+) {
     while !*stop.borrow() {
         snapshot_once(&rec, &etcd).await;
         tokio::select! {

@@ -81,7 +81,14 @@ impl Rig {
         }
         rig._real = Some(Agent::start(
             &rig.addrs.join(","),
-            &["--node-id", "real", "--interval-ms", "300", "--label", "zone=z1"],
+            &[
+                "--node-id",
+                "real",
+                "--interval-ms",
+                "300",
+                "--label",
+                "zone=z1",
+            ],
         ));
         rig
     }
@@ -196,7 +203,8 @@ impl Rig {
             }
             "stop_replica" | "stop_server" => {
                 let d = rng.ms(1_000, 4_000);
-                self.hold_stopped(self.pid(i).into_iter().collect(), d).await;
+                self.hold_stopped(self.pid(i).into_iter().collect(), d)
+                    .await;
                 format!("server {i} stopped {d:?}")
             }
             "stop_etcd_member" | "stop_etcd_majority" => {

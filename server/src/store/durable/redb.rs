@@ -11,6 +11,12 @@
 //! batch that is waiting, writes them in one transaction and fsyncs once,
 //! then answers each. While one fsync runs the next callers queue up, so
 //! 64 concurrent grants cost a few fsyncs, not 64 in a row.
+//!
+//! A failing disk (full, or an I/O error): the batch's outcome is unknown
+//! and the store settles it by writing it again. redb refuses every write
+//! after an I/O error until the database is opened again, so the committer
+//! closes and reopens it (redb recovers the last committed state on open)
+//! before the next batch.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -39,10 +45,18 @@ struct Batch {
 /// The lease log in `DIR/leases.redb`.
 pub struct RedbLog {
     path: PathBuf,
-    db: std::sync::Arc<Database>,
+    /// Shared with the committer, which reopens it after an I/O error.
+    db: Shared,
     /// `None` only while dropping.
     queue: Option<mpsc::Sender<Batch>>,
     committer: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The database, `None` while it is being reopened.
+type Shared = std::sync::Arc<std::sync::Mutex<Option<Database>>>;
+
+fn lock_db(db: &Shared) -> std::sync::MutexGuard<'_, Option<Database>> {
+    db.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Dropping the log ends its committer after the batches queued, so the
@@ -88,12 +102,12 @@ impl RedbLog {
         txn.open_table(LEASES).map_err(|e| err("open table", e))?;
         txn.open_table(ENDED).map_err(|e| err("open table", e))?;
         txn.commit().map_err(|e| err("commit", e))?;
-        let db = std::sync::Arc::new(db);
+        let db: Shared = std::sync::Arc::new(std::sync::Mutex::new(Some(db)));
         let (queue, rx) = mpsc::channel();
-        let worker = std::sync::Arc::clone(&db);
+        let (worker, at) = (std::sync::Arc::clone(&db), path.clone());
         let committer = std::thread::Builder::new()
             .name("lease-commit".into())
-            .spawn(move || committer(&worker, &rx))
+            .spawn(move || committer(&worker, &at, &rx))
             .map_err(|e| err("committer thread", e))?;
         Ok(RedbLog {
             path,
@@ -105,7 +119,7 @@ impl RedbLog {
 }
 
 /// Takes every waiting batch, commits them together, answers each.
-fn committer(db: &Database, rx: &mpsc::Receiver<Batch>) {
+fn committer(db: &Shared, path: &Path, rx: &mpsc::Receiver<Batch>) {
     while let Ok(first) = rx.recv() {
         let mut batches = vec![first];
         while batches.len() < MAX_BATCHES {
@@ -115,16 +129,38 @@ fn committer(db: &Database, rx: &mpsc::Receiver<Batch>) {
             }
         }
         let t0 = Instant::now();
-        let r = write(db, &batches);
+        if lock_db(db).is_none() {
+            reopen(db, path);
+        }
+        let r = match lock_db(db).as_ref() {
+            Some(d) => write(d, &batches),
+            None => Err(LogError::refused(
+                "the lease database could not be opened again",
+            )),
+        };
         metrics::histogram!(crate::metrics::LEASE_COMMIT_SECONDS)
             .record(t0.elapsed().as_secs_f64());
         metrics::histogram!(crate::metrics::LEASE_COMMIT_BATCHES).record(batches.len() as f64);
         if let Err(e) = &r {
             metrics::counter!(crate::metrics::LEASE_STORE_ERRORS).increment(1);
             tracing::error!(error = %e, batches = batches.len(), "lease commit failed");
+            reopen(db, path);
         }
         for b in batches {
             let _ = b.done.send(r.clone());
+        }
+    }
+}
+
+/// Closes the database and opens it again: after an I/O error redb takes
+/// no write until then, and opening recovers its last committed state.
+fn reopen(db: &Shared, path: &Path) {
+    let mut d = lock_db(db);
+    *d = None;
+    match Database::create(path) {
+        Ok(n) => *d = Some(n),
+        Err(e) => {
+            tracing::error!(error = %e, "the lease database could not be opened again; retried at the next commit")
         }
     }
 }
@@ -163,7 +199,11 @@ fn write(db: &Database, batches: &[Batch]) -> Result<(), LogError> {
 
 impl LeaseLog for RedbLog {
     fn load(&self) -> Result<Stored, LogError> {
-        let txn = self.db.begin_read().map_err(|e| err("begin read", e))?;
+        let guard = lock_db(&self.db);
+        let db = guard
+            .as_ref()
+            .ok_or_else(|| LogError::refused("the lease database is being opened again"))?;
+        let txn = db.begin_read().map_err(|e| err("begin read", e))?;
         let t = txn.open_table(LEASES).map_err(|e| err("open table", e))?;
         let mut out = Vec::new();
         for entry in t.iter().map_err(|e| err("read", e))? {
