@@ -20,7 +20,8 @@ use fairplace::engine::topology::{CpuTopo, TopologySpec};
 use fairplace::service::heavy::HeavyPool;
 use fairplace::service::lease_hub::LeaseHub;
 use fairplace::service::placement::Placement;
-use fairplace::store::{Node, Store, StoreConfig, Update, lease_settle};
+use fairplace::store::leases::settle;
+use fairplace::store::{Node, Store, StoreConfig, Update};
 use fairplace_proto::v1 as pb;
 use fairplace_proto::v1::placement_service_server::PlacementService;
 use tonic::{Code, Request};
@@ -340,7 +341,7 @@ async fn leases_expire_and_renewal_keeps_them() {
     let short = alloc(&p, r.clone()).await.unwrap();
     let kept = alloc(&p, r).await.unwrap();
     let t0 = Instant::now();
-    assert!(lease_settle::expire(&p.store, t0).await.is_empty());
+    assert!(settle::expire(&p.store, t0).await.is_empty());
     let renewed = p
         .renew_lease(Request::new(pb::RenewLeaseRequest {
             lease_id: kept.lease_id,
@@ -350,7 +351,7 @@ async fn leases_expire_and_renewal_keeps_them() {
         .unwrap()
         .into_inner();
     assert_eq!(renewed.ttl_ms, 5000);
-    let ended = lease_settle::expire(&p.store, t0 + Duration::from_millis(1500)).await;
+    let ended = settle::expire(&p.store, t0 + Duration::from_millis(1500)).await;
     assert_eq!(ended.len(), 1);
     assert_eq!(ended[0].1.id, short.lease_id);
     let left = p.store.leases_of(&n);

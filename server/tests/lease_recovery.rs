@@ -16,8 +16,8 @@ use fairplace::service::heavy::HeavyPool;
 use fairplace::service::identity::{Caller, Identity, Role};
 use fairplace::service::lease_hub::LeaseHub;
 use fairplace::service::placement::Placement;
-use fairplace::store::durable::redb::RedbLog;
-use fairplace::store::durable::unix_ms_now;
+use fairplace::store::leases::log::redb::RedbLog;
+use fairplace::store::leases::log::unix_ms_now;
 use fairplace::store::{LeaseRecord, Store, StoreConfig, Update};
 use fairplace_proto::v1 as pb;
 use fairplace_proto::v1::placement_service_server::PlacementService;
@@ -212,14 +212,14 @@ async fn leases_loaded_at_start_get_their_whole_ttl_again_whatever_the_wall_cloc
     let loaded = store.load_leases(t0).unwrap();
     assert_eq!(loaded.loaded, 2);
     assert!(
-        fairplace::store::lease_settle::expire(&store, t0)
+        fairplace::store::leases::settle::expire(&store, t0)
             .await
             .is_empty(),
         "nothing ends at load"
     );
     // Its TTL from the load on: then it expires, and is deleted from the log.
     let ended =
-        fairplace::store::lease_settle::expire(&store, t0 + Duration::from_millis(60)).await;
+        fairplace::store::leases::settle::expire(&store, t0 + Duration::from_millis(60)).await;
     assert_eq!(ended.len(), 1);
     drop(store);
     let log = RedbLog::open(&dir.0).unwrap();
@@ -491,8 +491,8 @@ async fn a_reported_lease_with_fields_no_grant_carries_is_released_not_stored() 
         grant(5_000_000_002, 10, "a/../../etc"),
         grant(5_000_000_003, 10, "fairplace/job"),
     ];
-    let sink: Arc<dyn fairplace::store::lease_settle::EndSink> =
-        Arc::new(fairplace::store::lease_settle::NoAgents);
+    let sink: Arc<dyn fairplace::store::leases::settle::EndSink> =
+        Arc::new(fairplace::store::leases::settle::NoAgents);
     let mut dropped = fairplace::service::allocate::reconcile(&p.store, &sink, &node, &held).await;
     dropped.sort();
     assert_eq!(dropped, vec![5_000_000_001, 5_000_000_002]);
@@ -714,7 +714,7 @@ async fn tombstones_leave_the_lease_store_once_past_the_expiry_they_kept() {
         }
         // Past the short lease's expiry and the pruning interval.
         std::thread::sleep(Duration::from_millis(1_300));
-        fairplace::store::lease_settle::expire(&p.store, Instant::now()).await;
+        fairplace::store::leases::settle::expire(&p.store, Instant::now()).await;
         long.lease_id
     };
     let stored = RedbLog::open(&dir.0).unwrap().load().unwrap();

@@ -77,7 +77,7 @@ impl Scripted {
 struct Shared(Arc<Scripted>);
 
 impl LeaseLog for Shared {
-    fn load(&self) -> Result<fairplace::store::durable::Stored, LogError> {
+    fn load(&self) -> Result<fairplace::store::leases::log::Stored, LogError> {
         Ok(Default::default())
     }
 
@@ -342,7 +342,7 @@ async fn a_renewal_extends_nothing_until_committed() {
     // Past its old expiry, with the renewal unsettled: it does not end.
     let later = Instant::now() + Duration::from_secs(2);
     assert!(
-        fairplace::store::lease_settle::expire(&p.store, later)
+        fairplace::store::leases::settle::expire(&p.store, later)
             .await
             .is_empty()
     );

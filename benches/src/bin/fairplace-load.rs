@@ -117,6 +117,11 @@ enum Cmd {
         /// The allocation policy.
         #[arg(long, default_value = "kernel")]
         policy: String,
+        /// Another build's `fairplace-server` (an earlier version): every
+        /// phase runs on it too, interleaved with this build's, and the
+        /// last lines give this build's throughput over its.
+        #[arg(long)]
+        baseline: Option<std::path::PathBuf>,
     },
     /// Agent ingest: nodes stream deltas of all their CPUs.
     Ingest {
@@ -299,6 +304,17 @@ impl Server {
     /// generator stands for many clients (thousands of simulated agents
     /// over a few connections, every caller in flight at once).
     fn start_with(cpus: &str, threads: usize, extra: &[String]) -> Server {
+        let exe = std::env::current_exe().expect("own path");
+        Self::start_bin(
+            &exe.with_file_name("fairplace-server"),
+            cpus,
+            threads,
+            extra,
+        )
+    }
+
+    /// [`Server::start_with`] of the server binary `bin`.
+    fn start_bin(bin: &std::path::Path, cpus: &str, threads: usize, extra: &[String]) -> Server {
         let mut args: Vec<String> = [
             "--stale-after-ms",
             "3600000",
@@ -312,13 +328,23 @@ impl Server {
         .map(String::from)
         .to_vec();
         args.extend_from_slice(extra);
-        Self::spawn(cpus, threads, &args)
+        Self::spawn_bin(bin, cpus, threads, &args)
     }
 
     /// A server with its own defaults but for `extra`.
     fn spawn(cpus: &str, threads: usize, extra: &[String]) -> Server {
         let exe = std::env::current_exe().expect("own path");
-        let bin = exe.with_file_name("fairplace-server");
+        Self::spawn_bin(
+            &exe.with_file_name("fairplace-server"),
+            cpus,
+            threads,
+            extra,
+        )
+    }
+
+    /// [`Server::spawn`] of the server binary `bin` (another build's).
+    fn spawn_bin(bin: &std::path::Path, cpus: &str, threads: usize, extra: &[String]) -> Server {
+        let bin = bin.to_path_buf();
         assert!(
             bin.exists(),
             "{bin:?} not found: cargo build --release -p fairplace-server first"
@@ -714,15 +740,15 @@ async fn main() {
             concurrency,
             count,
             policy,
+            baseline,
         } => {
             drop(server);
             leases(
-                &args.server_cpus,
-                args.server_threads,
+                (&args.server_cpus, args.server_threads),
                 (seconds, connections),
                 &concurrency,
-                count,
-                policy,
+                (count, policy),
+                baseline,
             )
             .await
         }
@@ -1738,59 +1764,132 @@ async fn cache(server: &Server, reports: u32) {
 /// one 128-CPU node (7 busy CPUs), for a server whose leases live in memory
 /// and then one that commits them to redb under a fresh --state-dir, at
 /// each concurrency; the ratios at the end are within this run.
+/// `fairplace-load leases`: a lease's whole life with the leases in
+/// memory, in redb and in etcd (one replica on a one-member etcd), with
+/// this build's server and, given `baseline`, another build's, phase by
+/// phase in one run.
 async fn leases(
-    cpus: &str,
-    threads: usize,
+    (cpus, threads): (&str, usize),
     (seconds, connections): (u64, usize),
     concurrency: &[usize],
-    count: u32,
-    policy: String,
+    (count, policy): (u32, String),
+    baseline: Option<std::path::PathBuf>,
 ) {
     println!(
         "# fairplace-load leases: {connections} connections, {seconds} s per phase, count {count}, policy {policy}, callers {concurrency:?}"
     );
-    // (store, callers) -> (ping, allocate+release) per second.
+    let this = std::env::current_exe()
+        .expect("own path")
+        .with_file_name("fairplace-server");
+    let mut builds = vec![("this", this)];
+    if let Some(b) = baseline {
+        builds.insert(0, ("baseline", b));
+    }
+    // (store, build, callers) -> (ping, allocate+release) per second.
     let mut table = Vec::new();
-    for store in ["memory", "redb"] {
-        let extra: Vec<String> = match store {
-            "memory" => vec!["--lease-store".into(), "memory".into()],
-            _ => vec![],
-        };
-        let server = Server::start_with(cpus, threads, &extra);
-        let _reporter = load_node(server.node_channel().await).await;
-        let clients = clients(&server, connections).await;
-        for &callers in concurrency {
-            println!("## lease store {store}, {callers} callers");
-            let (all, errors, secs) = run_phase(&clients, callers, seconds, |c, _| async move {
-                c.ping().await.is_ok()
-            })
-            .await;
-            let ping = print_phase("ping", &all, errors, secs);
-            let policy = policy.clone();
-            let (all, errors, secs) = run_phase(&clients, callers, seconds, move |c, _| {
-                let policy = policy.clone();
-                async move { allocate_release(&c, count, policy).await }
-            })
-            .await;
-            let life = print_phase("allocate+release", &all, errors, secs);
-            table.push((store, callers, ping, life));
+    for store in ["memory", "redb", "etcd"] {
+        for (build, bin) in &builds {
+            let (server, _etcd) = lease_server(store, bin, cpus, threads);
+            let _reporter = load_node(server.node_channel().await).await;
+            let clients = clients(&server, connections).await;
+            for &callers in concurrency {
+                println!("## lease store {store}, {build} build, {callers} callers");
+                let (ping, life) = lease_life(&clients, callers, seconds, (count, &policy)).await;
+                table.push((store, *build, callers, ping, life));
+            }
         }
     }
+    print_lease_table(&table, concurrency, builds.len() > 1);
+}
+
+/// A server keeping its leases in `store`, from the binary `bin`, with its
+/// etcd when it needs one.
+fn lease_server(
+    store: &str,
+    bin: &std::path::Path,
+    cpus: &str,
+    threads: usize,
+) -> (Server, Option<replicas::Etcd>) {
+    match store {
+        "memory" => (
+            Server::start_bin(
+                bin,
+                cpus,
+                threads,
+                &["--lease-store".into(), "memory".into()],
+            ),
+            None,
+        ),
+        "etcd" => {
+            let e = replicas::etcd();
+            let s = replicas::replica_bin(bin, cpus, threads, &e, "r0");
+            std::thread::sleep(Duration::from_millis(500));
+            (s, Some(e))
+        }
+        _ => (Server::start_bin(bin, cpus, threads, &[]), None),
+    }
+}
+
+/// Ping, then a lease's life, `callers` at once: both per second.
+async fn lease_life(
+    clients: &[Client],
+    callers: usize,
+    seconds: u64,
+    (count, policy): (u32, &str),
+) -> (f64, f64) {
+    let (all, errors, secs) = run_phase(clients, callers, seconds, |c, _| async move {
+        c.ping().await.is_ok()
+    })
+    .await;
+    let ping = print_phase("ping", &all, errors, secs);
+    let policy = policy.to_string();
+    let (all, errors, secs) = run_phase(clients, callers, seconds, move |c, _| {
+        let policy = policy.clone();
+        async move { allocate_release(&c, count, policy).await }
+    })
+    .await;
+    (ping, print_phase("allocate+release", &all, errors, secs))
+}
+
+type LeaseRow<'a> = (&'a str, &'a str, usize, f64, f64);
+
+fn print_lease_table(table: &[LeaseRow<'_>], concurrency: &[usize], compared: bool) {
     println!("# same run: allocate+release per second, and as a share of ping");
+    let row = |st: &str, b: &str, callers: usize| {
+        table
+            .iter()
+            .find(|r| r.0 == st && r.1 == b && r.2 == callers)
+            .map_or((0.0, 0.0), |r| (r.3, r.4))
+    };
     for &callers in concurrency {
-        let row = |st: &str| {
-            table
-                .iter()
-                .find(|r| r.0 == st && r.1 == callers)
-                .map_or((0.0, 0.0), |r| (r.2, r.3))
-        };
-        let ((mping, mem), (dping, dur)) = (row("memory"), row("redb"));
+        let line: Vec<String> = ["memory", "redb", "etcd"]
+            .iter()
+            .map(|st| {
+                let (p, l) = row(st, "this", callers);
+                format!("{st} {l:.0}/s ({:.2} of ping)", l / p)
+            })
+            .collect();
+        let (mem, dur) = (
+            row("memory", "this", callers).1,
+            row("redb", "this", callers).1,
+        );
         println!(
-            "{callers} callers: memory {mem:.0}/s ({:.2} of ping), redb {dur:.0}/s ({:.2} of ping); redb / memory {:.2}",
-            mem / mping,
-            dur / dping,
+            "{callers} callers: {}; redb / memory {:.2}",
+            line.join(", "),
             dur / mem
         );
+    }
+    if compared {
+        println!("# this build over the baseline, same run (allocate+release per second)");
+        for &callers in concurrency {
+            for st in ["memory", "redb", "etcd"] {
+                let (b, t) = (row(st, "baseline", callers).1, row(st, "this", callers).1);
+                println!(
+                    "{callers} callers, {st}: baseline {b:.0}/s, this {t:.0}/s, this / baseline {:.2}",
+                    t / b
+                );
+            }
+        }
     }
 }
 
@@ -1816,7 +1915,7 @@ mod replicas {
     use super::*;
 
     /// A one-member etcd on free ports in a temporary directory.
-    struct Etcd {
+    pub(super) struct Etcd {
         child: Child,
         dir: std::path::PathBuf,
         url: String,
@@ -1837,7 +1936,7 @@ mod replicas {
             .expect("a free port")
     }
 
-    fn etcd() -> Etcd {
+    pub(super) fn etcd() -> Etcd {
         let bin = std::env::var("FAIRPLACE_ETCD").unwrap_or_else(|_| "etcd".into());
         let dir = std::env::temp_dir().join(format!("fairplace-load-etcd-{}", std::process::id()));
         let (c, p) = (free_port(), free_port());
@@ -1881,8 +1980,27 @@ mod replicas {
     }
 
     fn replica(cpus: &str, threads: usize, etcd: &Etcd, id: &str) -> Server {
+        let exe = std::env::current_exe().expect("own path");
+        replica_bin(
+            &exe.with_file_name("fairplace-server"),
+            cpus,
+            threads,
+            etcd,
+            id,
+        )
+    }
+
+    /// [`replica`] of the server binary `bin`.
+    pub(super) fn replica_bin(
+        bin: &std::path::Path,
+        cpus: &str,
+        threads: usize,
+        etcd: &Etcd,
+        id: &str,
+    ) -> Server {
         let addr = format!("127.0.0.1:{}", free_port());
-        Server::start_with(
+        Server::start_bin(
+            bin,
             cpus,
             threads,
             &[

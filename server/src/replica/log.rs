@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::Replica;
 use super::etcd;
 use super::keys::Keys;
-use crate::store::durable::{Commit, Epoch, LeaseLog, LeaseOp, LeaseRecord, LogError, Stored};
+use crate::store::leases::log::{Commit, Epoch, LeaseLog, LeaseOp, LeaseRecord, LogError, Stored};
 
 /// Writes in one transaction at most.
 pub const MAX_TXN_OPS: usize = 120;

@@ -8,12 +8,12 @@
 //! and sent to its agent only once the lease log acknowledged it. A
 //! release frees nothing and a renewal extends nothing until their commits
 //! are acknowledged; an unknown outcome is answered UNAVAILABLE and settled
-//! by `store/lease_settle.rs`. With `apply`, the lease goes to the node's
+//! by `store/leases/settle.rs`. With `apply`, the lease goes to the node's
 //! agent over its Report stream as an unsolicited Ack, and the call returns
 //! only when the agent answered, failed or timed out; a lease that could
 //! not be applied is ended before the error is returned. Every lease,
 //! applied or not, is sent to its node's agent, which keeps it on record
-//! (the node is the lease's second witness, `store/lease_recovery.rs`).
+//! (the node is the lease's second witness, `store/leases/recovery.rs`).
 //!
 //! A `request_id` makes AllocateCpus idempotent: a retry by the same
 //! identity gets the first grant's answer, waiting while the first is
@@ -40,7 +40,7 @@ use crate::engine::alloc::{self, Grant, NoRoom, Policy};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::Task;
 use crate::metrics as m;
-use crate::store::lease_settle::{self, EndSink, Settling};
+use crate::store::leases::settle::{self, EndSink, Settling};
 use crate::store::{
     Commit, EndKind, Lease, LeaseRecord, LeaseRefusal, NewLease, Node, Phase, Reconciled, Store,
     Target, Unallocatable, wall_ms,
@@ -163,7 +163,7 @@ async fn settle_adopted(
                 // Settled forward on its own: the write again decides.
                 let again = Commit::done(Err(e.clone()));
                 // Nobody waits for the first outcome: the settler goes on.
-                drop(lease_settle::spawn(
+                drop(settle::spawn(
                     store,
                     sink,
                     id,
@@ -459,7 +459,7 @@ async fn end_when_settled(store: &Arc<Store>, sink: &Arc<dyn EndSink>, id: u64, 
             Ok((_, _, commit)) => {
                 metrics::counter!(m::LEASES_ENDED, "how" => how).increment(1);
                 let what = Settling::End(EndKind::Release);
-                let _ = lease_settle::spawn(store, sink, id, what, commit).await;
+                let _ = settle::settle(store, sink, id, what, commit).await;
                 return;
             }
             Err(LeaseRefusal::Busy(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -580,7 +580,7 @@ async fn allocate_inner(
         armed: c.request_id.is_empty(),
     };
     let forward = !c.request_id.is_empty();
-    let settled = lease_settle::spawn(
+    let settled = settle::settle(
         p.store,
         &sink,
         lease.id,
@@ -588,8 +588,8 @@ async fn allocate_inner(
         commit,
     );
     let lease = match settled.await {
-        Ok(Ok(Some((_, l)))) => l,
-        Ok(Ok(None)) => {
+        Ok(Some((_, l))) => l,
+        Ok(None) => {
             guard.answered();
             return Err((
                 "store",
@@ -598,7 +598,7 @@ async fn allocate_inner(
                 ),
             ));
         }
-        Ok(Err(e)) => {
+        Err(e) => {
             // Refused: nothing was granted. Unknown: the settler decides,
             // and a retry with the request id finds what it decided.
             guard.answered();
@@ -608,10 +608,6 @@ async fn allocate_inner(
                     "{e}; nothing is granted until the lease store acknowledges it"
                 )),
             ));
-        }
-        Err(_) => {
-            guard.answered();
-            return Err(("store", Status::unavailable("the lease settler stopped")));
         }
     };
     let applied = send_to_agent(p, &node, &lease, &sink).await?;
@@ -791,9 +787,9 @@ pub async fn release_cpus(
         .map_err(|e| refusal(r.lease_id, e))?;
     let sink: Arc<dyn EndSink> = Arc::clone(p.hub) as Arc<dyn EndSink>;
     let what = Settling::End(EndKind::Release);
-    let settled = lease_settle::spawn(p.store, &sink, r.lease_id, what, commit).await;
+    let settled = settle::settle(p.store, &sink, r.lease_id, what, commit).await;
     match settled {
-        Ok(Ok(Some((node, l)))) => {
+        Ok(Some((node, l))) => {
             metrics::counter!(m::LEASES_ENDED, "how" => "released").increment(1);
             Ok(pb::ReleaseCpusResponse {
                 node_id: node,
@@ -801,15 +797,14 @@ pub async fn release_cpus(
             })
         }
         // Settled by another call meanwhile (a retry, the settler): ended.
-        Ok(Ok(None)) => Ok(pb::ReleaseCpusResponse {
+        Ok(None) => Ok(pb::ReleaseCpusResponse {
             node_id: p.store.lease_node(r.lease_id).unwrap_or_default(),
             cpus: lease.cpus.to_string(),
         }),
-        Ok(Err(e)) => Err(Status::unavailable(format!(
+        Err(e) => Err(Status::unavailable(format!(
             "lease {}: {e}; the lease keeps its CPUs until the outcome is known (retry the release)",
             r.lease_id
         ))),
-        Err(_) => Err(Status::unavailable("the lease settler stopped")),
     }
 }
 
@@ -834,11 +829,10 @@ pub async fn renew_lease(
         .map_err(|e| refusal(r.lease_id, e))?;
     let sink: Arc<dyn EndSink> = Arc::clone(p.hub) as Arc<dyn EndSink>;
     let what = Settling::Renew(renewal);
-    let (node, l) = match lease_settle::spawn(p.store, &sink, r.lease_id, what, commit).await {
-        Ok(Ok(Some(x))) => x,
-        Ok(Ok(None)) => return Err(no_lease(r.lease_id)),
-        Ok(Err(e)) => return Err(Status::unavailable(e.to_string())),
-        Err(_) => return Err(Status::unavailable("the lease settler stopped")),
+    let (node, l) = match settle::settle(p.store, &sink, r.lease_id, what, commit).await {
+        Ok(Some(x)) => x,
+        Ok(None) => return Err(no_lease(r.lease_id)),
+        Err(e) => return Err(Status::unavailable(e.to_string())),
     };
     p.hub.push(
         &node,
@@ -867,9 +861,9 @@ pub fn spawn_expiry(store: Arc<Store>, hub: Arc<LeaseHub>) -> tokio::task::JoinH
             let ending = store.begin_expiry(Instant::now());
             for (node, id, commit) in ending {
                 let what = Settling::End(EndKind::Expire);
-                let rx = lease_settle::spawn(&store, &sink, id, what, commit);
+                let (store, sink) = (Arc::clone(&store), Arc::clone(&sink));
                 tokio::spawn(async move {
-                    if let Ok(Ok(Some(_))) = rx.await {
+                    if let Ok(Some(_)) = settle::settle(&store, &sink, id, what, commit).await {
                         metrics::counter!(m::LEASES_ENDED, "how" => "expired").increment(1);
                         tracing::info!(node = %node, lease = id, "lease expired");
                     }

@@ -15,7 +15,7 @@ use tonic::Status;
 
 use super::convert;
 use crate::metrics as m;
-use crate::store::lease_settle::{self, EndSink, Settling};
+use crate::store::leases::settle::{self, EndSink, Settling};
 use crate::store::{EndKind, Lease, Node, Store, Target};
 
 pub(crate) use super::ack_queue::AckTx;
@@ -121,7 +121,7 @@ impl LeaseHub {
             {
                 let sink: Arc<dyn EndSink> = Arc::clone(self) as Arc<dyn EndSink>;
                 let what = Settling::End(EndKind::Release);
-                drop(lease_settle::spawn(store, &sink, o.lease_id, what, commit));
+                drop(settle::spawn(store, &sink, o.lease_id, what, commit));
                 metrics::counter!(m::LEASES_ENDED, "how" => "target_gone").increment(1);
                 tracing::info!(node = %node.id, lease = o.lease_id, reason = %o.reason, message = %o.message, "lease released: the agent cannot apply it");
             }

@@ -125,8 +125,8 @@ pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 256;
 /// before anything is served.
 pub fn open_store(cfg: &ServeConfig) -> Result<Arc<Store>, crate::store::LogError> {
     let log: Arc<dyn crate::store::LeaseLog> = match &cfg.leases {
-        LeaseStorage::Memory => Arc::new(crate::store::durable::MemoryLog),
-        LeaseStorage::Dir(d) => Arc::new(crate::store::durable::redb::RedbLog::open(d)?),
+        LeaseStorage::Memory => Arc::new(crate::store::leases::log::MemoryLog),
+        LeaseStorage::Dir(d) => Arc::new(crate::store::leases::log::redb::RedbLog::open(d)?),
     };
     let store = Arc::new(Store::with_log(cfg.store.clone(), log));
     let loaded = store.load_leases(Instant::now())?;

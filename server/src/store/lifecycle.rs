@@ -80,16 +80,7 @@ impl Store {
         if let Some((_, n)) = self.nodes.remove(node) {
             self.retire(&n);
         }
-        // Whoever claims it next reads its leases from the log again.
-        self.leases.set_epoch(node, None);
-        let Some(parked) = self.leases.parked().remove(node) else {
-            return 0;
-        };
-        let mut index = self.leases.lock();
-        for id in parked.keys() {
-            index.remove(*id);
-        }
-        parked.len()
+        self.let_go_leases(node)
     }
 
     /// A node leaving the store: out of the cluster sums, and its stream's

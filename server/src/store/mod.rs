@@ -11,10 +11,10 @@
 //!
 //! This file holds the types and publication; each kind of mutation has its
 //! own file: `ingest` (registration and agent updates), `claims`,
-//! `lifecycle` (freshness, forgetting nodes), `leases` (their table and
-//! phases; their durable log in `durable`, the settling of every change
-//! to a known outcome in `lease_settle`, and their recovery after a
-//! restart or a take-over in `lease_recovery`), `features`, `tasks` (task lists
+//! `lifecycle` (freshness, forgetting nodes), `leases/` (the lease
+//! component: their table and phases, their durable log in `log/`, the
+//! settling of every change to a known outcome in `settle`, and their
+//! recovery after a restart or a take-over in `recovery`), `features`, `tasks` (task lists
 //! and runtime reports), `balance` (the node balancer's kept state around
 //! an engine pass), `cache` (the cache-aware accounting), `cluster_pick` and
 //! `cluster_pass` (the cluster hierarchy's placement and balance passes).
@@ -31,13 +31,10 @@ mod balance;
 mod cache;
 mod claims;
 pub mod cluster;
-pub mod durable;
 mod features;
 mod ingest;
 pub mod labels;
-mod lease_recovery;
-pub mod lease_settle;
-mod leases;
+pub mod leases;
 mod lifecycle;
 pub mod remote;
 mod tasks;
@@ -45,11 +42,11 @@ mod tasks;
 pub use balance::{BalanceOutcome, BalanceRequest};
 pub use cache::{CacheSummary, ProcSummary};
 pub use cluster::pass::{ClusterBalanceRequest, PeerMembers};
-pub use durable::{Commit, Epoch, LeaseLog, LeaseOp, LeaseRecord, LogError};
 pub use features::check_features;
 pub use ingest::check_labels;
 pub use labels::LabelPolicy;
-pub use lease_recovery::{Loaded, Reconciled};
+pub use leases::log::{Commit, Epoch, LeaseLog, LeaseOp, LeaseRecord, LogError};
+pub use leases::recovery::{Loaded, Reconciled};
 pub use leases::{
     Change, DEFAULT_MAX_LEASES_PER_CALLER, EndKind, Ended, Lease, LeaseRefusal, NewLease,
     OwnerLimits, Phase, Renewal, Target, Unallocatable, wall_ms,
@@ -406,7 +403,7 @@ pub struct Store {
 impl Store {
     /// A store whose leases live in memory only.
     pub fn new(config: StoreConfig) -> Self {
-        Self::with_log(config, Arc::new(durable::MemoryLog))
+        Self::with_log(config, Arc::new(leases::log::MemoryLog))
     }
 
     /// A store whose leases are committed to `log` (load them with

@@ -1,5 +1,5 @@
 //! Settling lease changes: every grant, renewal and end the lease table
-//! (`leases.rs`) starts is driven here to an outcome that is known, and
+//! (`leases/mod.rs`) starts is driven here to an outcome that is known, and
 //! memory is made to match it.
 //!
 //! A commit answers one of three ways. Applied: the change takes effect in
@@ -18,7 +18,7 @@
 //! | end (release, expiry) | the end | ended, its CPUs free |
 //!
 //! Every write again is idempotent, and the first write, should it land
-//! late, cannot undo a settled outcome (the log's conditions, `durable/`).
+//! late, cannot undo a settled outcome (the log's conditions, `log/`).
 //! Only an acknowledged write settles: a write again that is refused (the
 //! replica lost the node's fence meanwhile, say) says nothing of whether
 //! the first one applied before, so the lease keeps its CPUs and the
@@ -28,18 +28,17 @@
 //! stops being settled here: the log holds the truth and the next owner
 //! reads it.
 //!
-//! Settling runs on its own task, so a caller that goes away mid-call does
-//! not leave a change half done.
+//! A caller that goes away while it waits for the first write does not
+//! leave a change half done: its outcome is settled on a task, as an
+//! unknown one.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-
-use super::durable::{Commit, LogError};
-use super::leases::{Change, EndKind, Renewal};
-use super::{Lease, Store};
+use super::log::{Commit, LogError};
+use super::{Change, EndKind, Lease, Renewal};
 use crate::metrics as m;
+use crate::store::Store;
 
 /// The first wait before a change is written again; it doubles up to
 /// [`RETRY_MAX`].
@@ -79,77 +78,97 @@ impl Settling {
 /// or the lease left memory meanwhile.
 pub type Outcome = Result<Option<(String, Lease)>, LogError>;
 
-/// Settles `what` of lease `id`, whose first write is `first`, on its own
-/// task; the receiver hears the first outcome (an unknown one as an
-/// error), while settling goes on until it is known.
+/// Waits for the first write of `what` of lease `id` and makes memory
+/// match its outcome; an unknown one is answered as an error at once and
+/// settled on a task of its own (module doc). Dropped before the first
+/// outcome (its caller went away), the change is settled on a task all
+/// the same, as an unknown one.
+pub async fn settle(
+    store: &Arc<Store>,
+    sink: &Arc<dyn EndSink>,
+    id: u64,
+    what: Settling,
+    first: Commit,
+) -> Outcome {
+    let mut waiting = Waiting {
+        store,
+        sink,
+        id,
+        what,
+        armed: true,
+    };
+    let r = first.wait().await;
+    waiting.armed = false;
+    match r {
+        Ok(()) => Ok(apply(store, sink.as_ref(), id, what, None, true)),
+        Err(e) if !e.unknown => {
+            apply(store, sink.as_ref(), id, what, None, false);
+            Err(e)
+        }
+        Err(e) => {
+            tokio::spawn(again(Arc::clone(store), Arc::clone(sink), id, what));
+            Err(e)
+        }
+    }
+}
+
+/// [`settle`] on a task of its own, for callers that do not wait.
 pub fn spawn(
     store: &Arc<Store>,
     sink: &Arc<dyn EndSink>,
     id: u64,
     what: Settling,
     first: Commit,
-) -> oneshot::Receiver<Outcome> {
-    let (tx, rx) = oneshot::channel();
+) -> tokio::task::JoinHandle<Outcome> {
     let (store, sink) = (Arc::clone(store), Arc::clone(sink));
-    tokio::spawn(async move { drive(&store, sink.as_ref(), id, what, first, tx).await });
-    rx
+    tokio::spawn(async move { settle(&store, &sink, id, what, first).await })
 }
 
-/// Waits for `commit`, and writes the change again after every unknown
-/// outcome until the outcome is known (module doc).
-async fn drive(
-    store: &Store,
-    sink: &dyn EndSink,
+/// A first write waited for; dropped while armed, its outcome is settled
+/// as an unknown one.
+struct Waiting<'a> {
+    store: &'a Arc<Store>,
+    sink: &'a Arc<dyn EndSink>,
     id: u64,
     what: Settling,
-    mut commit: Commit,
-    tx: oneshot::Sender<Outcome>,
-) {
-    let mut tx = Some(tx);
-    let mut again: Option<Change> = None;
+    armed: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let (store, sink) = (Arc::clone(self.store), Arc::clone(self.sink));
+            tokio::spawn(again(store, sink, self.id, self.what));
+        }
+    }
+}
+
+/// Writes the settling change of `what` again, backing off, until one
+/// write is acknowledged; then memory takes the outcome. Only an
+/// acknowledged write settles: a refused one says nothing of whether the
+/// first write applied before (the fence moved, the lease changed).
+async fn again(store: Arc<Store>, sink: Arc<dyn EndSink>, id: u64, what: Settling) {
+    metrics::counter!(m::LEASE_UNKNOWN, "change" => what.label()).increment(1);
+    let change = settling_change(&store, id, what);
     let mut backoff = RETRY_MIN;
     loop {
-        let r = commit.wait().await;
-        // The first write's refusal is conclusive: that write was judged
-        // and can never apply. A write again's refusal is not (the fence
-        // moved, or the lease changed: the first write may have applied
-        // before), so only its success settles an unknown outcome.
-        let known = match &r {
-            Ok(()) => true,
-            Err(e) => !e.unknown && again.is_none(),
-        };
-        if known {
-            let applied = r.is_ok();
-            let out = apply(store, sink, id, what, again, applied);
-            if again.is_some() {
-                metrics::counter!(m::LEASE_SETTLED, "change" => what.label(), "outcome" => "applied")
-                    .increment(1);
-                tracing::info!(
-                    lease = id,
-                    change = what.label(),
-                    "an unknown lease commit outcome is settled"
-                );
-            }
-            if let Some(tx) = tx.take() {
-                let _ = tx.send(r.map(|()| out));
-            }
-            return;
-        }
-        if again.is_none() {
-            metrics::counter!(m::LEASE_UNKNOWN, "change" => what.label()).increment(1);
-            again = Some(settling_change(store, id, what));
-        }
-        if let (Some(tx), Err(e)) = (tx.take(), r) {
-            let _ = tx.send(Err(e));
-        }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(RETRY_MAX);
-        let Some(change) = again else { return };
         // `None`: the lease left memory (its node was let go, or read
         // again in a new ownership period): the log holds the truth.
-        match store.resubmit(id, change) {
-            Some(c) => commit = c,
-            None => return,
+        let Some(c) = store.resubmit(id, change) else {
+            return;
+        };
+        if c.wait().await.is_ok() {
+            apply(&store, sink.as_ref(), id, what, Some(change), true);
+            metrics::counter!(m::LEASE_SETTLED, "change" => what.label(), "outcome" => "applied")
+                .increment(1);
+            tracing::info!(
+                lease = id,
+                change = what.label(),
+                "an unknown lease commit outcome is settled"
+            );
+            return;
         }
     }
 }
@@ -204,8 +223,8 @@ pub async fn expire(store: &Arc<Store>, now: std::time::Instant) -> Vec<(String,
     let sink: Arc<dyn EndSink> = Arc::new(NoAgents);
     let mut out = Vec::new();
     for (_, id, commit) in store.begin_expiry(now) {
-        let rx = spawn(store, &sink, id, Settling::End(EndKind::Expire), commit);
-        if let Ok(Ok(Some(ended))) = rx.await {
+        let what = Settling::End(EndKind::Expire);
+        if let Ok(Some(ended)) = settle(store, &sink, id, what, commit).await {
             out.push(ended);
         }
     }

@@ -35,11 +35,11 @@
 
 use std::time::Instant;
 
-use super::durable::{Epoch, LeaseOp, LeaseRecord, LogError, unix_ms_now};
-use super::leases::Phase;
-use super::{Commit, Lease, Node, Store};
+use super::log::{Epoch, LeaseOp, LeaseRecord, LogError, unix_ms_now};
+use super::{Lease, Phase};
 use crate::engine::cpumask::CpuMask;
 use crate::metrics as m;
+use crate::store::{Commit, Node, Store};
 
 fn recovered(how: &'static str, n: usize) {
     if n > 0 {
@@ -104,7 +104,7 @@ impl Store {
         &self,
         node: &str,
         epoch: Epoch,
-        mut stored: super::durable::Stored,
+        mut stored: super::log::Stored,
         now: Instant,
     ) -> Option<Loaded> {
         if self.leases.epoch(node) == epoch {
@@ -128,7 +128,7 @@ impl Store {
     /// whole TTL from `now` (no wall clock is judged, module doc), and
     /// keeps its tombstones still in their time; deletes the unreadable
     /// records and the tombstones past their time.
-    fn park_stored(&self, stored: super::durable::Stored, now: Instant) -> Loaded {
+    fn park_stored(&self, stored: super::log::Stored, now: Instant) -> Loaded {
         let now_ms = unix_ms_now();
         let mut out = Loaded::default();
         let mut gone = Vec::new();
@@ -191,7 +191,7 @@ impl Store {
             return out;
         }
         let cur = node.snapshot();
-        let base = super::claims::base_cpus(&cur, &w);
+        let base = crate::store::claims::base_cpus(&cur, &w);
         // The CPUs live leases hold: most reports overlap none, and are
         // judged without a look at each lease.
         let mut held_cpus = w.leases.leased();
@@ -233,7 +233,7 @@ impl Store {
     fn adopt(
         &self,
         node: &Node,
-        leases: &mut super::leases::NodeLeases,
+        leases: &mut super::NodeLeases,
         mut l: Lease,
         ops: &mut Vec<LeaseOp>,
     ) {
@@ -252,7 +252,7 @@ impl Store {
     fn judge(
         &self,
         node: &Node,
-        (leases, held_cpus): (&super::leases::NodeLeases, &CpuMask),
+        (leases, held_cpus): (&super::NodeLeases, &CpuMask),
         r: &LeaseRecord,
         now: Instant,
         now_ms: u64,

@@ -1,6 +1,21 @@
 //! Leases: sets of CPUs held for a holder (AllocateCpus) until released or
 //! expired, owned by the identity that took them, and durable.
 //!
+//! This folder is the lease component: no other module writes lease state.
+//! Here the table and its phases, in `settle` the driving of every change
+//! to a known outcome, in `recovery` the leases read back (a restart, a
+//! take-over, an agent's registration), in `log/` the durable copy behind
+//! the [`log::LeaseLog`] trait. Two adapters plug in from outside through
+//! its traits: the etcd log (`replica/log.rs`, a [`log::LeaseLog`]) and the
+//! hub to the agents (`service/lease_hub.rs`, a [`settle::EndSink`]). What
+//! the service calls: [`Store::allocate_locked`] and the lookups
+//! ([`Store::requested`], [`Store::lease`], [`Store::leases_of`]) for a
+//! grant, [`Store::begin_end`] and [`Store::begin_renew`] for the other
+//! changes, each settled by [`settle::spawn`]; the expiry loop calls
+//! [`Store::begin_expiry`]; an agent's registration
+//! [`Store::reconcile_leases`]; a replica's claim
+//! [`Store::take_over_leases`].
+//!
 //! A wakeup claim counts a CPU as running one more task for half a second;
 //! a lease does the same for as long as it lives, so every decision made on
 //! the node (PickCpu, Balance, other allocations) sees its CPUs as busy. The
@@ -29,7 +44,7 @@
 //! shown, nor sent to its agent; an `Ending` one still holds its CPUs and
 //! is shown as it was; a renewal extends the lease only once committed.
 //! While a change is in flight or its outcome unknown the lease is `busy`:
-//! no other change starts, and `store/lease_settle.rs` drives the one in
+//! no other change starts, and `leases/settle.rs` drives the one in
 //! flight to a known outcome.
 //!
 //! A lease outlives its node's registration: when the node is forgotten,
@@ -46,11 +61,15 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub mod log;
+pub mod recovery;
+pub mod settle;
+
 use super::claims::base_cpus;
-use super::durable::{Commit, Epoch, LeaseOp, LeaseRecord, unix_ms_now};
 use super::{Node, Snapshot, Store, Writer};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::CpuState;
+use log::{Commit, Epoch, LeaseOp, LeaseRecord, unix_ms_now};
 
 /// Where a lease is applied on its node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -268,8 +287,9 @@ const PRUNE_EVERY_MS: u64 = 1_000;
 pub(super) struct Index {
     ids: HashMap<u64, Indexed>,
     owners: HashMap<String, Held>,
-    /// (owner, request id) -> the lease granted for it.
-    requests: HashMap<(String, String), u64>,
+    /// Owner -> its request ids -> the lease granted for each (two levels,
+    /// so a lookup by `&str` allocates nothing).
+    requests: HashMap<String, HashMap<String, u64>>,
 }
 
 #[derive(Debug)]
@@ -330,18 +350,16 @@ impl Index {
         held.cpus += cpus;
         if !request_id.is_empty() {
             self.requests
-                .insert((owner.to_string(), request_id.to_string()), id);
+                .entry(owner.to_string())
+                .or_default()
+                .insert(request_id.to_string(), id);
         }
         self.ids.insert(id, new);
     }
 
     /// The lease granted to `owner` for `request_id`, if it is held.
     pub(super) fn by_request(&self, owner: &str, request_id: &str) -> Option<u64> {
-        // A lookup without building the key's strings would need a
-        // borrowed pair; requests with an id are the rarer path.
-        self.requests
-            .get(&(owner.to_string(), request_id.to_string()))
-            .copied()
+        self.requests.get(owner)?.get(request_id).copied()
     }
 
     /// Forgets lease `id`; returns whether it was there.
@@ -356,10 +374,14 @@ impl Index {
     }
 
     fn forget_use(&mut self, id: u64, l: &Indexed) {
-        if !l.request_id.is_empty() {
-            let key = (l.owner.clone(), l.request_id.clone());
-            if self.requests.get(&key) == Some(&id) {
-                self.requests.remove(&key);
+        if !l.request_id.is_empty()
+            && let Some(ids) = self.requests.get_mut(&l.owner)
+        {
+            if ids.get(&l.request_id) == Some(&id) {
+                ids.remove(&l.request_id);
+            }
+            if ids.is_empty() {
+                self.requests.remove(&l.owner);
             }
         }
         if let Some(h) = self.owners.get_mut(&l.owner) {
@@ -649,12 +671,14 @@ impl Store {
             if let Some(node) = self.get(&node_id) {
                 let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
                 if w.leases.leases.contains_key(&id) {
-                    let cur = node.snapshot();
-                    // The agent's state as it is, before a lease leaves.
-                    let cpus = base_cpus(&cur, &w);
                     let r = edit(&mut w.leases.leases);
                     if !w.leases.leases.contains_key(&id) {
                         self.leases.lock().remove(id);
+                        // The leased CPUs' saved agent states are kept
+                        // until the next publish: the state without the
+                        // lease is still at hand.
+                        let cur = node.snapshot();
+                        let cpus = base_cpus(&cur, &w);
                         let topo = Arc::clone(&cur.topo);
                         self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
                     }
@@ -1056,6 +1080,21 @@ impl Store {
             index.remove(*id);
         }
         dropped.len()
+    }
+
+    /// A replica letting `node` go (its node left the store, its leases
+    /// parked): they leave memory without ending, and whoever claims the
+    /// node next reads them from the log again. Returns how many.
+    pub(super) fn let_go_leases(&self, node: &str) -> usize {
+        self.leases.set_epoch(node, None);
+        let Some(parked) = self.leases.parked().remove(node) else {
+            return 0;
+        };
+        let mut index = self.leases.lock();
+        for id in parked.keys() {
+            index.remove(*id);
+        }
+        parked.len()
     }
 
     /// Leases outstanding and the CPUs they hold, across all nodes (parked

@@ -3,7 +3,7 @@
 //!
 //! A lease is the one piece of state an agent's next report cannot give
 //! back, so every grant, renewal and release is committed to the log
-//! before its RPC answers. The in-memory table in `store/leases.rs` stays
+//! before its RPC answers. The in-memory table in `store/leases/mod.rs` stays
 //! the one decisions read; the log is its write-ahead copy, read once at
 //! start ([`LeaseLog::load`]).
 //!
@@ -21,7 +21,7 @@
 //! it certainly did not apply, e.g. a fence that no longer holds), or its
 //! outcome is unknown ([`LogError::unknown`]: a timeout, a lost
 //! connection, a failing disk). The store treats an unknown outcome as
-//! possibly applied and settles it (`store/lease_settle.rs`); a log must
+//! possibly applied and settles it (`store/leases/settle.rs`); a log must
 //! never report a refusal for a write that may still land.
 //!
 //! Fencing: a batch carries its node's ownership [`Epoch`]. A replicated
