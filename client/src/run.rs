@@ -325,33 +325,32 @@ fn foreground_terminal() -> bool {
     unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
-/// In the child, in its new group: takes the terminal (SIGTTOU held off
-/// meanwhile, as a background group's tcsetpgrp would raise it).
+/// In the child, in its new group: takes the terminal.
 fn take_terminal() -> std::io::Result<()> {
-    // SAFETY: sigset operations on a local set, sigprocmask and tcsetpgrp
-    // on descriptor 0; all async-signal-safe.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTTOU);
-        libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old);
-        libc::tcsetpgrp(0, libc::getpid());
-        libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-    }
+    // SAFETY: getpid takes nothing; `foreground` is async-signal-safe.
+    foreground(unsafe { libc::getpid() });
     Ok(())
 }
 
 /// Takes the terminal back for this process's group.
 fn give_terminal_back() {
-    // SAFETY: as in `take_terminal`, in this process.
+    // SAFETY: getpgrp takes nothing.
+    foreground(unsafe { libc::getpgrp() });
+}
+
+/// Makes `group` the terminal's foreground group (SIGTTOU held off
+/// meanwhile, as tcsetpgrp from a background group would raise it).
+fn foreground(group: libc::pid_t) {
+    // SAFETY: sigset operations on local sets, sigprocmask and tcsetpgrp
+    // on descriptor 0; all async-signal-safe (this runs in the child
+    // between fork and exec too).
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTTOU);
         libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old);
-        libc::tcsetpgrp(0, libc::getpgrp());
+        libc::tcsetpgrp(0, group);
         libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
 }

@@ -728,15 +728,8 @@ impl Store {
         let mut edit = |m: &mut BTreeMap<u64, Lease>| {
             let l = m.get_mut(&id).ok_or(LeaseRefusal::NotFound)?;
             may(l).map_err(LeaseRefusal::Refused)?;
-            match (l.phase, l.busy) {
-                (Phase::Pending, _) => {
-                    return Err(LeaseRefusal::Busy("its grant is being committed"));
-                }
-                (Phase::Live, true) => {
-                    return Err(LeaseRefusal::Busy("a renewal of it is being committed"));
-                }
-                _ => {}
-            }
+            // A retried release joins an end in flight.
+            in_flight(l, true)?;
             l.phase = Phase::Ending;
             l.busy = true;
             let op = self.end_op(&node, l, how);
@@ -783,18 +776,7 @@ impl Store {
         let mut edit = |m: &mut BTreeMap<u64, Lease>| {
             let l = m.get_mut(&id).ok_or(LeaseRefusal::NotFound)?;
             may(l).map_err(LeaseRefusal::Refused)?;
-            match (l.phase, l.busy) {
-                (Phase::Pending, _) => {
-                    return Err(LeaseRefusal::Busy("its grant is being committed"));
-                }
-                (Phase::Ending, _) => return Err(LeaseRefusal::Busy("its end is being committed")),
-                (Phase::Live, true) => {
-                    return Err(LeaseRefusal::Busy(
-                        "another renewal of it is being committed",
-                    ));
-                }
-                (Phase::Live, false) => {}
-            }
+            in_flight(l, false)?;
             let ttl = ttl.unwrap_or(l.ttl);
             let r = Renewal {
                 ttl,
@@ -1113,6 +1095,17 @@ impl Store {
             }
         }
         (leases, cpus)
+    }
+}
+
+/// Why no change of `l` may start now: another is in flight or being
+/// settled. `joining_end`: an end may join an end in flight.
+fn in_flight<E>(l: &Lease, joining_end: bool) -> Result<(), LeaseRefusal<E>> {
+    match (l.phase, l.busy) {
+        (Phase::Pending, _) => Err(LeaseRefusal::Busy("its grant is being committed")),
+        (Phase::Ending, _) if !joining_end => Err(LeaseRefusal::Busy("its end is being committed")),
+        (Phase::Live, true) => Err(LeaseRefusal::Busy("a renewal of it is being committed")),
+        _ => Ok(()),
     }
 }
 

@@ -121,7 +121,13 @@ impl Store {
         }
         self.leases.set_epoch(node, Some(epoch));
         stored.leases.retain(|r| r.node == node);
-        Some(self.park_stored(stored, now))
+        let loaded = self.park_stored(stored, now);
+        // A node still registered here takes them at once: its decisions
+        // must count them before anything more is granted on it.
+        if let Some(n) = self.get(node) {
+            self.unpark_leases(&n);
+        }
+        Some(loaded)
     }
 
     /// Parks the live leases of `stored` under their nodes, each with its
