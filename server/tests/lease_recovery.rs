@@ -705,7 +705,13 @@ async fn tombstones_leave_the_lease_store_once_past_the_expiry_they_kept() {
     let dir = Dir::new("prune");
     let o = who(Role::Orchestrator, "o");
     let kept = {
-        let p = open(&dir);
+        let p = open_with(
+            &dir,
+            StoreConfig {
+                tombstone_min_keep: Duration::from_millis(500),
+                ..StoreConfig::default()
+            },
+        );
         register(&p, "a");
         let short = alloc(&p, &o, 1, 300).await;
         let long = alloc(&p, &o, 1, 60_000).await;

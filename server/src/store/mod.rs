@@ -90,6 +90,9 @@ pub struct StoreConfig {
     pub lease_limits: OwnerLimits,
     /// The longest lifetime a grant or a renewal may ask for.
     pub max_lease_ttl: Duration,
+    /// How long a released lease's tombstone is kept at least, on this
+    /// process's own clock, whatever the wall clock says (`leases/`).
+    pub tombstone_min_keep: Duration,
     /// Which labels placement uses ([`labels`]); by default every reported
     /// one (a store with no identities to distrust).
     pub label_policy: LabelPolicy,
@@ -108,6 +111,7 @@ impl Default for StoreConfig {
             max_node_id_bytes: DEFAULT_MAX_NODE_ID_BYTES,
             lease_limits: OwnerLimits::default(),
             max_lease_ttl: DEFAULT_MAX_LEASE_TTL,
+            tombstone_min_keep: Duration::from_secs(30),
             label_policy: LabelPolicy::trust_all(),
         }
     }

@@ -266,13 +266,22 @@ pub struct LeaseIndex {
     by_id: Mutex<Index>,
     parked: Mutex<Parked>,
     /// Leases that ended early, until the expiry they had: an agent that
-    /// missed the end reports them again, and they are not adopted.
-    ended: Mutex<HashMap<u64, u64>>,
+    /// missed the end reports them again, and they are not adopted; a
+    /// grant's first write landing late finds its tombstone and fails.
+    ended: Mutex<HashMap<u64, Tomb>>,
     /// When the tombstones were last pruned (wall-clock ms).
     pruned_at_ms: std::sync::atomic::AtomicU64,
     /// Node -> the ownership period its leases were loaded in (replicas):
     /// every commit of the node's leases is fenced on it.
     epochs: Mutex<HashMap<String, Epoch>>,
+}
+
+/// A tombstone: until when (wall-clock ms) it is kept, and since when it
+/// is known here (this process's clock).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Tomb {
+    pub(super) until_ms: u64,
+    pub(super) since: Instant,
 }
 
 /// Tombstones are pruned at most this often: a busy server may hold many
@@ -429,7 +438,7 @@ impl LeaseIndex {
         self.parked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn ended(&self) -> MutexGuard<'_, HashMap<u64, u64>> {
+    pub(super) fn ended(&self) -> MutexGuard<'_, HashMap<u64, Tomb>> {
         self.ended.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -850,7 +859,8 @@ impl Store {
             },
             EndKind::Release => {
                 let until_ms = wall_ms(l.expires);
-                self.leases.ended().insert(l.id, until_ms);
+                let since = Instant::now();
+                self.leases.ended().insert(l.id, Tomb { until_ms, since });
                 LeaseOp::End {
                     id: l.id,
                     node: node.to_string(),
@@ -870,8 +880,13 @@ impl Store {
         }
         self.leases.pruned_at_ms.store(now_ms, Relaxed);
         let mut past = Vec::new();
-        self.leases.ended().retain(|id, until| {
-            let keep = *until > now_ms;
+        // Kept at least `tombstone_min_keep` on this process's own clock,
+        // whatever the wall clock says: a clock ahead must not forget one
+        // while a write of its lease may still land late (seconds: a
+        // paused etcd member's).
+        let min_keep = self.config.tombstone_min_keep;
+        self.leases.ended().retain(|id, t| {
+            let keep = t.until_ms > now_ms || t.since.elapsed() < min_keep;
             if !keep {
                 past.push(*id);
             }

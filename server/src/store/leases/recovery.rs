@@ -139,13 +139,12 @@ impl Store {
         let mut out = Loaded::default();
         let mut gone = Vec::new();
         {
+            // Every tombstone is kept here for a while whatever the wall
+            // clock says; pruning forgets it later.
             let mut ended = self.leases.ended();
-            for (id, until) in stored.ended {
-                if until > now_ms {
-                    ended.insert(id, until);
-                } else {
-                    gone.push(LeaseOp::Forget(id));
-                }
+            for (until_ms, id) in stored.ended.into_iter().map(|(id, u)| (u, id)) {
+                let since = now;
+                ended.insert(id, super::Tomb { until_ms, since });
             }
         }
         let mut parked = self.leases.parked();
