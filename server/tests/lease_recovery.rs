@@ -732,3 +732,38 @@ async fn tombstones_leave_the_lease_store_once_past_the_expiry_they_kept() {
     );
     assert!(stored.leases.is_empty());
 }
+
+/// Two stored leases on one CPU (a store written by a version that freed
+/// CPUs before the end was committed): neither is ended on a guess at
+/// load, both keep their CPUs, and nothing else is granted on them.
+#[tokio::test]
+async fn two_stored_leases_on_one_cpu_are_both_kept_and_their_cpu_granted_to_nobody_else() {
+    use fairplace::store::{LeaseLog, LeaseOp};
+    let dir = Dir::new("overlap");
+    let now = unix_ms_now();
+    {
+        let log = RedbLog::open(&dir.0).unwrap();
+        for id in [91_000_000_001u64, 91_000_000_002] {
+            let r = held(id, "0-7", now - 1_000, now + 60_000);
+            log.submit(0, vec![LeaseOp::Grant(r)]).wait().await.unwrap();
+        }
+    }
+    let p = open(&dir);
+    register(&p, "a");
+    let node = p.store.get("a").unwrap();
+    let mut ids: Vec<u64> = p.store.leases_of(&node).iter().map(|l| l.id).collect();
+    ids.sort();
+    assert_eq!(ids, vec![91_000_000_001, 91_000_000_002]);
+    let e = p
+        .allocate_cpus(as_caller(
+            pb::AllocateCpusRequest {
+                node_id: "a".into(),
+                count: 1,
+                ..Default::default()
+            },
+            &who(Role::Orchestrator, "o"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+}

@@ -104,7 +104,7 @@ pub struct Lease {
     pub owner: String,
     pub ttl: Duration,
     pub expires: Instant,
-    /// When it was granted, wall-clock ms (conflicts: the later one loses).
+    /// When it was granted, wall-clock ms (shown; no decision judges it).
     pub granted_at_ms: u64,
     pub target: Option<Target>,
     /// The agent confirmed it applied the lease.
@@ -1014,8 +1014,8 @@ impl Store {
     }
 
     /// A node (re)entering the store takes back its parked leases. A lease
-    /// naming a CPU the node no longer has, or overlapping one it holds,
-    /// ends (counted as `topology`); the ended ones are returned.
+    /// naming a CPU the node no longer has ends (counted as `topology`);
+    /// the ended ones are returned.
     pub(super) fn unpark_leases(&self, node: &Node) -> Vec<Ended> {
         let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
         if w.leases.retired {
@@ -1029,9 +1029,17 @@ impl Store {
         let epoch = self.leases.epoch(&node.id);
         let mut ended = Vec::new();
         for (id, lease) in parked {
-            let fits = lease.cpus.iter().all(|c| c < nr_cpus)
-                && lease.cpus.and(&w.leases.leased()).is_empty();
+            let fits = lease.cpus.iter().all(|c| c < nr_cpus);
             if fits {
+                // Two stored leases on one CPU (data from a store written
+                // before leases were settled, say): neither is ended on a
+                // guess, whichever was granted first; both keep their CPUs
+                // and nothing else is granted on them until one ends.
+                if !lease.cpus.and(&w.leases.leased()).is_empty() {
+                    metrics::counter!(crate::metrics::LEASES_RECOVERED, "how" => "conflict")
+                        .increment(1);
+                    tracing::warn!(node = %node.id, lease = id, cpus = %lease.cpus, "a stored lease overlaps another on this node: both are kept");
+                }
                 w.leases.leases.insert(id, lease);
             } else {
                 // Its CPUs are not this node's any more: nothing is held
