@@ -491,7 +491,7 @@ async fn a_reported_lease_with_fields_no_grant_carries_is_released_not_stored() 
         grant(5_000_000_002, 10, "a/../../etc"),
         grant(5_000_000_003, 10, "fairplace/job"),
     ];
-    let sink: Arc<dyn fairplace::store::leases::settle::EndSink> =
+    let sink: Arc<dyn fairplace::store::leases::settle::AgentSink> =
         Arc::new(fairplace::store::leases::settle::NoAgents);
     let mut dropped = fairplace::service::allocate::reconcile(&p.store, &sink, &node, &held).await;
     dropped.sort();

@@ -240,8 +240,8 @@ impl ReportStream {
             // Leases reach this node through this stream from now on, and
             // its live ones are applied again.
             self.hub.attach(&node.id, generation, self.tx.clone());
-            let sink: Arc<dyn crate::store::leases::settle::EndSink> =
-                Arc::clone(&self.hub) as Arc<dyn crate::store::leases::settle::EndSink>;
+            let sink: Arc<dyn crate::store::leases::settle::AgentSink> =
+                Arc::clone(&self.hub) as Arc<dyn crate::store::leases::settle::AgentSink>;
             let drop = Box::pin(super::allocate::reconcile(&self.store, &sink, &node, &held)).await;
             Box::pin(self.hub.resend(&self.store, &node, &self.tx, drop)).await;
         }

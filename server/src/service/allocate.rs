@@ -40,7 +40,7 @@ use crate::engine::alloc::{self, Grant, NoRoom, Policy};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::Task;
 use crate::metrics as m;
-use crate::store::leases::settle::{self, EndSink, Settling};
+use crate::store::leases::settle::{self, AgentSink, Settling};
 use crate::store::{
     Commit, EndKind, Lease, LeaseRecord, LeaseRefusal, NewLease, Node, Phase, Reconciled, Store,
     Target, Unallocatable, wall_ms,
@@ -106,7 +106,7 @@ pub fn held_record(g: &pb::LeaseGrant, node: &str) -> LeaseRecord {
 /// pending until then, and settled like any grant.
 pub async fn reconcile(
     store: &Arc<Store>,
-    sink: &Arc<dyn EndSink>,
+    sink: &Arc<dyn AgentSink>,
     node: &Node,
     held: &[pb::LeaseGrant],
 ) -> Vec<u64> {
@@ -142,7 +142,7 @@ pub async fn reconcile(
 /// settled forward (the agent holds it, and knows its id).
 async fn settle_adopted(
     store: &Arc<Store>,
-    sink: &Arc<dyn EndSink>,
+    sink: &Arc<dyn AgentSink>,
     node: &str,
     ids: Vec<u64>,
     commit: Commit,
@@ -429,7 +429,7 @@ impl From<Unallocatable> for NoRoom {
 /// id is kept: the caller's retry finds it.
 struct Unanswered {
     store: Arc<Store>,
-    sink: Arc<dyn EndSink>,
+    sink: Arc<dyn AgentSink>,
     id: u64,
     armed: bool,
 }
@@ -453,7 +453,12 @@ impl Drop for Unanswered {
 /// settled first), counted as `how`, and waits for the end's first
 /// outcome (an unknown one is settled on); gives up after a few seconds of
 /// a change that does not settle (the settler then owns the lease's fate).
-async fn end_when_settled(store: &Arc<Store>, sink: &Arc<dyn EndSink>, id: u64, how: &'static str) {
+async fn end_when_settled(
+    store: &Arc<Store>,
+    sink: &Arc<dyn AgentSink>,
+    id: u64,
+    how: &'static str,
+) {
     for _ in 0..100 {
         match store.begin_end(id, EndKind::Release, |_| Ok::<(), ()>(())) {
             Ok((_, _, commit)) => {
@@ -572,7 +577,7 @@ async fn allocate_inner(
             });
         }
     };
-    let sink: Arc<dyn EndSink> = Arc::clone(p.hub) as Arc<dyn EndSink>;
+    let sink: Arc<dyn AgentSink> = Arc::clone(p.hub) as Arc<dyn AgentSink>;
     let guard = Unanswered {
         store: Arc::clone(p.store),
         sink: Arc::clone(&sink),
@@ -642,7 +647,7 @@ async fn send_to_agent(
     p: &Leasing<'_>,
     node: &Node,
     lease: &Lease,
-    sink: &Arc<dyn EndSink>,
+    sink: &Arc<dyn AgentSink>,
 ) -> Result<bool, Refusal> {
     if lease.target.is_none() {
         p.hub.push(
@@ -785,7 +790,7 @@ pub async fn release_cpus(
             identity::check_lease_owner(caller, "release", l.id, &l.owner)
         })
         .map_err(|e| refusal(r.lease_id, e))?;
-    let sink: Arc<dyn EndSink> = Arc::clone(p.hub) as Arc<dyn EndSink>;
+    let sink: Arc<dyn AgentSink> = Arc::clone(p.hub) as Arc<dyn AgentSink>;
     let what = Settling::End(EndKind::Release);
     let settled = settle::settle(p.store, &sink, r.lease_id, what, commit).await;
     match settled {
@@ -827,7 +832,7 @@ pub async fn renew_lease(
             identity::check_lease_owner(caller, "renew", l.id, &l.owner)
         })
         .map_err(|e| refusal(r.lease_id, e))?;
-    let sink: Arc<dyn EndSink> = Arc::clone(p.hub) as Arc<dyn EndSink>;
+    let sink: Arc<dyn AgentSink> = Arc::clone(p.hub) as Arc<dyn AgentSink>;
     let what = Settling::Renew(renewal);
     let (node, l) = match settle::settle(p.store, &sink, r.lease_id, what, commit).await {
         Ok(Some(x)) => x,
@@ -853,7 +858,7 @@ pub async fn renew_lease(
 /// Starts ending expired leases every 100 ms; each end is settled on its
 /// own, and the agent told before the CPUs are free.
 pub fn spawn_expiry(store: Arc<Store>, hub: Arc<LeaseHub>) -> tokio::task::JoinHandle<()> {
-    let sink: Arc<dyn EndSink> = hub;
+    let sink: Arc<dyn AgentSink> = hub;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {

@@ -15,7 +15,7 @@ use tonic::Status;
 
 use super::convert;
 use crate::metrics as m;
-use crate::store::leases::settle::{self, EndSink, Settling};
+use crate::store::leases::settle::{self, AgentSink, Settling};
 use crate::store::{EndKind, Lease, Node, Store, Target};
 
 pub(crate) use super::ack_queue::AckTx;
@@ -119,7 +119,7 @@ impl LeaseHub {
             if let Ok((_, _, commit)) =
                 store.begin_end(o.lease_id, EndKind::Release, |_| Ok::<(), ()>(()))
             {
-                let sink: Arc<dyn EndSink> = Arc::clone(self) as Arc<dyn EndSink>;
+                let sink: Arc<dyn AgentSink> = Arc::clone(self) as Arc<dyn AgentSink>;
                 let what = Settling::End(EndKind::Release);
                 drop(settle::spawn(store, &sink, o.lease_id, what, commit));
                 metrics::counter!(m::LEASES_ENDED, "how" => "target_gone").increment(1);
@@ -175,10 +175,21 @@ impl LeaseHub {
     }
 }
 
-/// The node's agent hears of every end before the lease's CPUs are free.
-impl EndSink for LeaseHub {
+/// The node's agent hears of every end before the lease's CPUs are free,
+/// and of a grant settled after its caller was answered.
+impl AgentSink for LeaseHub {
     fn ended(&self, node: &str, id: u64) {
         self.notify_released(node, vec![id]);
+    }
+
+    fn granted(&self, node: &str, lease: &Lease) {
+        self.push(
+            node,
+            pb::Ack {
+                grants: vec![grant_pb(lease, node)],
+                ..Default::default()
+            },
+        );
     }
 }
 

@@ -7,7 +7,7 @@
 //! take-over, an agent's registration), in `log/` the durable copy behind
 //! the [`log::LeaseLog`] trait. Two adapters plug in from outside through
 //! its traits: the etcd log (`replica/log.rs`, a [`log::LeaseLog`]) and the
-//! hub to the agents (`service/lease_hub.rs`, a [`settle::EndSink`]). What
+//! hub to the agents (`service/lease_hub.rs`, a [`settle::AgentSink`]). What
 //! the service calls: [`Store::allocate_locked`] and the lookups
 //! ([`Store::requested`], [`Store::lease`], [`Store::leases_of`]) for a
 //! grant, [`Store::begin_end`] and [`Store::begin_renew`] for the other

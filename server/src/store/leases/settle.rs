@@ -45,10 +45,12 @@ use crate::store::Store;
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// Who hears that a lease ended, before its CPUs are free: the node's
-/// agent, through the lease hub.
-pub trait EndSink: Send + Sync {
+/// The node's agent, through the lease hub: it hears that a lease ended
+/// before the lease's CPUs are free, and of a grant settled forward after
+/// its caller was answered UNAVAILABLE (nobody else would send it).
+pub trait AgentSink: Send + Sync {
     fn ended(&self, node: &str, id: u64);
+    fn granted(&self, node: &str, lease: &Lease);
 }
 
 /// A change being settled, as the settler knows it.
@@ -85,7 +87,7 @@ pub type Outcome = Result<Option<(String, Lease)>, LogError>;
 /// the same, as an unknown one.
 pub async fn settle(
     store: &Arc<Store>,
-    sink: &Arc<dyn EndSink>,
+    sink: &Arc<dyn AgentSink>,
     id: u64,
     what: Settling,
     first: Commit,
@@ -115,7 +117,7 @@ pub async fn settle(
 /// [`settle`] on a task of its own, for callers that do not wait.
 pub fn spawn(
     store: &Arc<Store>,
-    sink: &Arc<dyn EndSink>,
+    sink: &Arc<dyn AgentSink>,
     id: u64,
     what: Settling,
     first: Commit,
@@ -128,7 +130,7 @@ pub fn spawn(
 /// as an unknown one.
 struct Waiting<'a> {
     store: &'a Arc<Store>,
-    sink: &'a Arc<dyn EndSink>,
+    sink: &'a Arc<dyn AgentSink>,
     id: u64,
     what: Settling,
     armed: bool,
@@ -147,7 +149,7 @@ impl Drop for Waiting<'_> {
 /// write is acknowledged; then memory takes the outcome. Only an
 /// acknowledged write settles: a refused one says nothing of whether the
 /// first write applied before (the fence moved, the lease changed).
-async fn again(store: Arc<Store>, sink: Arc<dyn EndSink>, id: u64, what: Settling) {
+async fn again(store: Arc<Store>, sink: Arc<dyn AgentSink>, id: u64, what: Settling) {
     metrics::counter!(m::LEASE_UNKNOWN, "change" => what.label()).increment(1);
     let change = settling_change(&store, id, what);
     let mut backoff = RETRY_MIN;
@@ -160,7 +162,10 @@ async fn again(store: Arc<Store>, sink: Arc<dyn EndSink>, id: u64, what: Settlin
             return;
         };
         if c.wait().await.is_ok() {
-            apply(&store, sink.as_ref(), id, what, Some(change), true);
+            let out = apply(&store, sink.as_ref(), id, what, Some(change), true);
+            if let (Change::GrantForward, Some((node, l))) = (change, &out) {
+                sink.granted(node, l);
+            }
             metrics::counter!(m::LEASE_SETTLED, "change" => what.label(), "outcome" => "applied")
                 .increment(1);
             tracing::info!(
@@ -189,7 +194,7 @@ fn settling_change(store: &Store, id: u64, what: Settling) -> Change {
 /// Makes memory match a known outcome.
 fn apply(
     store: &Store,
-    sink: &dyn EndSink,
+    sink: &dyn AgentSink,
     id: u64,
     what: Settling,
     again: Option<Change>,
@@ -208,11 +213,12 @@ fn apply(
     }
 }
 
-/// An [`EndSink`] for a store without agents (tests, offline tools).
+/// An [`AgentSink`] for a store without agents (tests, offline tools).
 pub struct NoAgents;
 
-impl EndSink for NoAgents {
+impl AgentSink for NoAgents {
     fn ended(&self, _node: &str, _id: u64) {}
+    fn granted(&self, _node: &str, _lease: &Lease) {}
 }
 
 /// Ends every lease whose time is over at `now` and waits until each end
@@ -220,7 +226,7 @@ impl EndSink for NoAgents {
 /// expiry loop does the same without waiting; this is for callers that
 /// want the outcome (tests, a store without agents).
 pub async fn expire(store: &Arc<Store>, now: std::time::Instant) -> Vec<(String, Lease)> {
-    let sink: Arc<dyn EndSink> = Arc::new(NoAgents);
+    let sink: Arc<dyn AgentSink> = Arc::new(NoAgents);
     let mut out = Vec::new();
     for (_, id, commit) in store.begin_expiry(now) {
         let what = Settling::End(EndKind::Expire);
