@@ -13,8 +13,8 @@
 //! can inject was never injected.
 //!
 //! It leads a process group of its own, and a SIGINT, SIGTERM or SIGHUP
-//! (a `timeout`, say) ends the whole group, etcd and the servers with it:
-//! nothing it started outlives it.
+//! (a `timeout`, say) ends the whole group, etcd and the servers with it,
+//! after unmounting the tmpfs it made: nothing it started outlives it.
 
 use std::time::Duration;
 
@@ -84,6 +84,7 @@ fn own_group() {
                 _ = hup.recv() => {}
             }
             eprintln!("fairplace-lease-faults: stopped by a signal: ending everything it started");
+            fairplace_e2e::faults::rig::unmount_all();
             // SAFETY: kill(0, ...) signals this process's own group: the
             // servers, etcd, the agents, and this process.
             unsafe { libc::kill(0, libc::SIGKILL) };

@@ -36,6 +36,23 @@ pub const SINGLE_FAULTS: &[&str] = &[
 
 /// The etcd lease TTL of the replicas (s).
 const TTL_S: &str = "2";
+/// The tmpfs mounts the rigs of this process made: a run stopped by a
+/// signal unmounts them before it ends ([`unmount_all`]).
+static MOUNTS: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Unmounts every tmpfs a rig of this process mounted.
+pub fn unmount_all() {
+    let mut m = MOUNTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for dir in m.drain(..) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&dir)
+            .status();
+    }
+}
+
 /// Where Debian's libfaketime is.
 pub const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -119,6 +136,12 @@ impl Rig {
             .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs", dir.path()])
             .status()
             .is_ok_and(|s| s.success());
+        if self.tmpfs {
+            MOUNTS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(dir.0.clone());
+        }
         self.addrs.push(format!("127.0.0.1:{}", free_port()));
         self.state = Some(dir);
         let s = self.spawn(0, None);
@@ -327,6 +350,10 @@ impl Drop for Rig {
             let _ = std::process::Command::new("umount")
                 .args(["-l", s.path()])
                 .status();
+            MOUNTS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|d| d != &s.0);
         }
     }
 }
