@@ -16,7 +16,7 @@ use fairplace::engine::alloc::{self, Policy};
 use fairplace::engine::decision::{Kind, PlaceRequest};
 use fairplace::engine::state::{CpuState, Task};
 use fairplace::engine::{View, select_task_rq};
-use fairplace::store::{EndKind, NewLease, Store, StoreConfig, Update};
+use fairplace::store::{NewLease, Store, StoreConfig, Update};
 use fairplace_benches::{Lcg, busy_cpu, spec, system};
 
 fn allocate(c: &mut Criterion) {
@@ -89,9 +89,7 @@ fn allocate(c: &mut Criterion) {
                     // The whole life in memory, each commit acknowledged
                     // (the memory log's commits are done at once).
                     store.grant_settled(lease.id, true);
-                    let (_, _, _commit) = store
-                        .begin_end(lease.id, EndKind::Release, |_| Ok::<(), ()>(()))
-                        .unwrap();
+                    let (_, _, _commit) = store.begin_end(lease.id, |_| Ok::<(), ()>(())).unwrap();
                     black_box(store.end_settled(lease.id, true, &|_, _| {}).is_some())
                 });
             });

@@ -9,6 +9,12 @@
 //! and a semaphore of free slots (~0.2 KiB). It is bounded like the
 //! channel: a sender waits for a free slot (`send`) or is refused
 //! (`try_send`), so an agent that stops reading its acks stops being read.
+//!
+//! Lease messages are never dropped (`send_lease`): an end the agent never
+//! hears leaves a process pinned to CPUs granted to someone else. They
+//! queue beyond the slots, up to [`MAX_LEASE_BACKLOG`]; past that the
+//! stream is ended (ABORTED) so the agent registers again and hears, from
+//! the reconciliation, every lease that ended meanwhile.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -34,8 +40,18 @@ struct Shared {
     space: Semaphore,
 }
 
+/// Lease messages queued beyond the slots at most, before the stream is
+/// ended so its agent registers again.
+pub const MAX_LEASE_BACKLOG: usize = 4096;
+
 struct State {
-    items: VecDeque<AckItem>,
+    /// Each item, and whether it holds a slot (lease messages beyond the
+    /// slots hold none).
+    items: VecDeque<(AckItem, bool)>,
+    /// Lease messages queued beyond the slots.
+    backlog: usize,
+    /// The stream was ended for a backlog too long: nothing more queues.
+    ended: bool,
     /// The reader, waiting for an item or for the last sender to go.
     reader: Option<Waker>,
     senders: usize,
@@ -46,6 +62,8 @@ pub fn ack_queue(capacity: usize) -> (AckTx, AckRx) {
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
             items: VecDeque::new(),
+            backlog: 0,
+            ended: false,
             reader: None,
             senders: 1,
         }),
@@ -78,10 +96,51 @@ impl AckTx {
         Ok(())
     }
 
+    /// Queues a lease message: in a free slot, or beyond the slots; a
+    /// backlog past [`MAX_LEASE_BACKLOG`] ends the stream instead.
+    pub fn send_lease(&self, item: AckItem) -> Result<(), Closed> {
+        if self.0.space.is_closed() {
+            return Err(Closed);
+        }
+        if let Ok(permit) = self.0.space.try_acquire() {
+            permit.forget();
+            self.push(item);
+            return Ok(());
+        }
+        let reader = {
+            let mut s = lock(&self.0);
+            if s.ended {
+                return Err(Closed);
+            }
+            if s.backlog >= MAX_LEASE_BACKLOG {
+                s.ended = true;
+                let end = Status::aborted(
+                    "lease messages backed up: register again to hear every lease that ended",
+                );
+                s.items.push_back((Err(Box::new(end)), false));
+            } else {
+                s.backlog += 1;
+                s.items.push_back((item, false));
+            }
+            s.reader.take()
+        };
+        if let Some(w) = reader {
+            w.wake();
+        }
+        Ok(())
+    }
+
     fn push(&self, item: AckItem) {
         let reader = {
             let mut s = lock(&self.0);
-            s.items.push_back(item);
+            if s.ended {
+                // Ended for a backlog: the permit goes back, nothing more
+                // is read.
+                drop(s);
+                self.0.space.add_permits(1);
+                return;
+            }
+            s.items.push_back((item, true));
             s.reader.take()
         };
         if let Some(w) = reader {
@@ -121,9 +180,14 @@ impl AckRx {
     /// The next answer; `None` once it is empty and every sender is gone.
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<AckItem>> {
         let mut s = lock(&self.0);
-        if let Some(item) = s.items.pop_front() {
+        if let Some((item, slot)) = s.items.pop_front() {
+            if !slot {
+                s.backlog = s.backlog.saturating_sub(1);
+            }
             drop(s);
-            self.0.space.add_permits(1);
+            if slot {
+                self.0.space.add_permits(1);
+            }
             return Poll::Ready(Some(item));
         }
         if s.senders == 0 {
@@ -194,6 +258,42 @@ mod tests {
         blocked.await.unwrap().unwrap();
         assert_eq!(seq(rx.recv().await), 2);
         assert_eq!(seq(rx.recv().await), 3);
+    }
+
+    /// A lease message is never dropped for a full queue: it queues beyond
+    /// the slots, in order, and the slots it did not take stay free.
+    #[tokio::test]
+    async fn lease_messages_queue_beyond_a_full_queue_in_order() {
+        let (tx, mut rx) = ack_queue(1);
+        tx.send(ack(1)).await.unwrap();
+        assert_eq!(tx.try_send(ack(9)), Err(Closed), "the one slot is taken");
+        tx.send_lease(ack(2)).unwrap();
+        tx.send_lease(ack(3)).unwrap();
+        assert_eq!(seq(rx.recv().await), 1);
+        assert_eq!(seq(rx.recv().await), 2);
+        assert_eq!(seq(rx.recv().await), 3);
+        // Only the slot taken by `send` came back: one free slot.
+        tx.try_send(ack(4)).unwrap();
+        assert_eq!(tx.try_send(ack(5)), Err(Closed));
+        assert_eq!(seq(rx.recv().await), 4);
+    }
+
+    /// Past the backlog the stream ends (ABORTED) rather than grow, and
+    /// nothing queues after the end.
+    #[tokio::test]
+    async fn a_lease_backlog_past_its_bound_ends_the_stream() {
+        let (tx, mut rx) = ack_queue(1);
+        tx.send(ack(0)).await.unwrap();
+        for i in 0..=MAX_LEASE_BACKLOG as u64 {
+            tx.send_lease(ack(i + 1)).unwrap();
+        }
+        assert_eq!(tx.send_lease(ack(9)), Err(Closed));
+        let mut last = None;
+        for _ in 0..=MAX_LEASE_BACKLOG + 1 {
+            last = rx.recv().await;
+        }
+        let end = last.expect("an item").expect_err("the end");
+        assert_eq!(end.code(), tonic::Code::Aborted);
     }
 
     #[tokio::test]

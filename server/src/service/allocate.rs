@@ -42,8 +42,8 @@ use crate::engine::state::Task;
 use crate::metrics as m;
 use crate::store::leases::settle::{self, AgentSink, Settling};
 use crate::store::{
-    Commit, EndKind, Lease, LeaseRecord, LeaseRefusal, NewLease, Node, Phase, Reconciled, Store,
-    Target, Unallocatable, wall_ms,
+    Commit, Lease, LeaseRecord, LeaseRefusal, NewLease, Node, Phase, Reconciled, Store, Target,
+    Unallocatable, wall_ms,
 };
 
 /// What the lease calls use: the store, the hub to the agents, and the
@@ -460,10 +460,10 @@ async fn end_when_settled(
     how: &'static str,
 ) {
     for _ in 0..100 {
-        match store.begin_end(id, EndKind::Release, |_| Ok::<(), ()>(())) {
+        match store.begin_end(id, |_| Ok::<(), ()>(())) {
             Ok((_, _, commit)) => {
                 metrics::counter!(m::LEASES_ENDED, "how" => how).increment(1);
-                let what = Settling::End(EndKind::Release);
+                let what = Settling::End;
                 let _ = settle::settle(store, sink, id, what, commit).await;
                 return;
             }
@@ -786,12 +786,12 @@ pub async fn release_cpus(
     writable(p.store)?;
     let (_, lease, commit) = p
         .store
-        .begin_end(r.lease_id, EndKind::Release, |l| {
+        .begin_end(r.lease_id, |l| {
             identity::check_lease_owner(caller, "release", l.id, &l.owner)
         })
         .map_err(|e| refusal(r.lease_id, e))?;
     let sink: Arc<dyn AgentSink> = Arc::clone(p.hub) as Arc<dyn AgentSink>;
-    let what = Settling::End(EndKind::Release);
+    let what = Settling::End;
     let settled = settle::settle(p.store, &sink, r.lease_id, what, commit).await;
     match settled {
         Ok(Some((node, l))) => {
@@ -865,7 +865,7 @@ pub fn spawn_expiry(store: Arc<Store>, hub: Arc<LeaseHub>) -> tokio::task::JoinH
             tick.tick().await;
             let ending = store.begin_expiry(Instant::now());
             for (node, id, commit) in ending {
-                let what = Settling::End(EndKind::Expire);
+                let what = Settling::End;
                 let (store, sink) = (Arc::clone(&store), Arc::clone(&sink));
                 tokio::spawn(async move {
                     if let Ok(Some(_)) = settle::settle(&store, &sink, id, what, commit).await {

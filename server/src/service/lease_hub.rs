@@ -16,7 +16,7 @@ use tonic::Status;
 use super::convert;
 use crate::metrics as m;
 use crate::store::leases::settle::{self, AgentSink, Settling};
-use crate::store::{EndKind, Lease, Node, Store, Target};
+use crate::store::{Lease, Node, Store, Target};
 
 pub(crate) use super::ack_queue::AckTx;
 
@@ -71,19 +71,21 @@ impl LeaseHub {
     }
 
     /// Tells the node's agent of a lease it only keeps on record (no
-    /// target), or of a renewal (best effort: the full set is sent again
-    /// at its next registration).
+    /// target), or of a renewal. Never dropped while the stream lives
+    /// (`AckTx::send_lease`); an agent that is not connected gets the full
+    /// set again at its next registration.
     pub(super) fn push(&self, node: &str, ack: pb::Ack) {
         if let Some(tx) = self.sender(node) {
-            let _ = tx.try_send(Ok(Box::new(ack)));
+            let _ = tx.send_lease(Ok(Box::new(ack)));
         }
     }
 
-    /// Tells the node's agent that leases ended (best effort: an agent that
-    /// is not connected learns it from the leases re-sent at registration).
+    /// Tells the node's agent that leases ended. Never dropped while the
+    /// stream lives; an agent that is not connected learns it at its next
+    /// registration (the ended lease it reports is refused).
     pub fn notify_released(&self, node: &str, ids: Vec<u64>) {
         if let Some(tx) = self.sender(node) {
-            let _ = tx.try_send(Ok(Box::new(pb::Ack {
+            let _ = tx.send_lease(Ok(Box::new(pb::Ack {
                 released: ids,
                 ..Default::default()
             })));
@@ -116,11 +118,9 @@ impl LeaseHub {
         ) {
             // The node's own report ends its own lease (checked above);
             // settled like any end, nobody waits for it.
-            if let Ok((_, _, commit)) =
-                store.begin_end(o.lease_id, EndKind::Release, |_| Ok::<(), ()>(()))
-            {
+            if let Ok((_, _, commit)) = store.begin_end(o.lease_id, |_| Ok::<(), ()>(())) {
                 let sink: Arc<dyn AgentSink> = Arc::clone(self) as Arc<dyn AgentSink>;
-                let what = Settling::End(EndKind::Release);
+                let what = Settling::End;
                 drop(settle::spawn(store, &sink, o.lease_id, what, commit));
                 metrics::counter!(m::LEASES_ENDED, "how" => "target_gone").increment(1);
                 tracing::info!(node = %node.id, lease = o.lease_id, reason = %o.reason, message = %o.message, "lease released: the agent cannot apply it");

@@ -48,8 +48,8 @@ pub use labels::LabelPolicy;
 pub use leases::log::{Commit, Epoch, LeaseLog, LeaseOp, LeaseRecord, LogError};
 pub use leases::recovery::{Loaded, Reconciled};
 pub use leases::{
-    Change, DEFAULT_MAX_LEASES_PER_CALLER, EndKind, Ended, Lease, LeaseRefusal, NewLease,
-    OwnerLimits, Phase, Renewal, Target, Unallocatable, wall_ms,
+    Change, DEFAULT_MAX_LEASES_PER_CALLER, Ended, Lease, LeaseRefusal, NewLease, OwnerLimits,
+    Phase, Renewal, Target, Unallocatable, wall_ms,
 };
 pub use tasks::{CpuTaskList, RuntimeEntry};
 /// The limits of one update, for agents to cut their reports to.

@@ -547,15 +547,6 @@ struct Gone;
 /// One lease op on a node's lease map, wherever the map lives.
 type Edit<'a, R, E> = &'a mut dyn FnMut(&mut BTreeMap<u64, Lease>) -> Result<R, E>;
 
-/// How a lease ends: released before its time (a tombstone is kept until
-/// the expiry it had, so an agent that missed the end cannot bring it
-/// back) or at its time (forgotten).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndKind {
-    Release,
-    Expire,
-}
-
 /// A renewal submitted and not yet acknowledged: what the lease becomes
 /// once it is.
 #[derive(Debug, Clone, Copy)]
@@ -573,7 +564,8 @@ pub enum Change {
     /// A grant nobody can know the id of: ended for certain.
     GrantBack,
     Renew(Renewal),
-    End(EndKind),
+    /// An end (release or expiry).
+    End,
 }
 
 impl Store {
@@ -729,7 +721,6 @@ impl Store {
     pub fn begin_end<E>(
         &self,
         id: u64,
-        how: EndKind,
         mut may: impl FnMut(&Lease) -> Result<(), E>,
     ) -> Result<(String, Lease, Commit), LeaseRefusal<E>> {
         let node = self.leases.node_of(id).ok_or(LeaseRefusal::NotFound)?;
@@ -741,7 +732,7 @@ impl Store {
             in_flight(l, true)?;
             l.phase = Phase::Ending;
             l.busy = true;
-            let op = self.end_op(&node, l, how);
+            let op = self.end_op(&node, l);
             Ok((l.clone(), self.log.submit(epoch, vec![op])))
         };
         let (lease, commit) = settle(self.edit_lease(id, &mut edit))?;
@@ -828,9 +819,9 @@ impl Store {
             let l = m.get(&id).filter(|l| l.busy).ok_or(Gone)?;
             let op = match change {
                 Change::GrantForward => LeaseOp::Settle(l.record(&node)),
-                Change::GrantBack => self.end_op(&node, l, EndKind::Release),
+                Change::GrantBack => self.end_op(&node, l),
                 Change::Renew(r) => LeaseOp::Put(renewed(l, &r).record(&node)),
-                Change::End(how) => self.end_op(&node, l, how),
+                Change::End => self.end_op(&node, l),
             };
             Ok(self.log.submit(epoch, vec![op]))
         };
@@ -849,24 +840,18 @@ impl Store {
         let _ = self.edit_lease(id, &mut edit);
     }
 
-    /// The op that ends `l`: released, with its tombstone kept (in memory
-    /// and in the log) until the expiry it had; expired, forgotten.
-    pub(super) fn end_op(&self, node: &str, l: &Lease, how: EndKind) -> LeaseOp {
-        match how {
-            EndKind::Expire => LeaseOp::Delete {
-                id: l.id,
-                node: node.to_string(),
-            },
-            EndKind::Release => {
-                let until_ms = wall_ms(l.expires);
-                let since = Instant::now();
-                self.leases.ended().insert(l.id, Tomb { until_ms, since });
-                LeaseOp::End {
-                    id: l.id,
-                    node: node.to_string(),
-                    until_ms,
-                }
-            }
+    /// The op that ends `l`, released or expired alike: gone, with its
+    /// tombstone kept (in memory and in the log) until the expiry it had
+    /// and at least `tombstone_min_keep` here, so an agent that missed the
+    /// end cannot bring it back, and a write of it landing late fails.
+    pub(super) fn end_op(&self, node: &str, l: &Lease) -> LeaseOp {
+        let until_ms = wall_ms(l.expires);
+        let since = Instant::now();
+        self.leases.ended().insert(l.id, Tomb { until_ms, since });
+        LeaseOp::End {
+            id: l.id,
+            node: node.to_string(),
+            until_ms,
         }
     }
 
@@ -987,7 +972,7 @@ impl Store {
             if l.phase == Phase::Live && !l.busy && l.expires <= now {
                 l.phase = Phase::Ending;
                 l.busy = true;
-                let op = self.end_op(node, l, EndKind::Expire);
+                let op = self.end_op(node, l);
                 out.push((node.to_string(), l.id, self.log.submit(epoch, vec![op])));
             }
         }
@@ -1045,7 +1030,7 @@ impl Store {
                 // Its CPUs are not this node's any more: nothing is held
                 // by keeping it until the end is acknowledged.
                 self.log
-                    .submit(epoch, vec![self.end_op(&node.id, &lease, EndKind::Release)])
+                    .submit(epoch, vec![self.end_op(&node.id, &lease)])
                     .detach();
                 self.leases.lock().remove(id);
                 ended.push(Ended {

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::log::{Commit, LogError};
-use super::{Change, EndKind, Lease, Renewal};
+use super::{Change, Lease, Renewal};
 use crate::metrics as m;
 use crate::store::Store;
 
@@ -62,7 +62,8 @@ pub enum Settling {
         forward: bool,
     },
     Renew(Renewal),
-    End(EndKind),
+    /// An end: a release, an expiry, a failed apply.
+    End,
 }
 
 impl Settling {
@@ -70,7 +71,7 @@ impl Settling {
         match self {
             Settling::Grant { .. } => "grant",
             Settling::Renew(_) => "renew",
-            Settling::End(_) => "end",
+            Settling::End => "end",
         }
     }
 }
@@ -187,7 +188,7 @@ fn settling_change(store: &Store, id: u64, what: Settling) -> Change {
             Change::GrantBack
         }
         Settling::Renew(r) => Change::Renew(r),
-        Settling::End(how) => Change::End(how),
+        Settling::End => Change::End,
     }
 }
 
@@ -202,7 +203,7 @@ fn apply(
 ) -> Option<(String, Lease)> {
     let told = |node: &str, id: u64| sink.ended(node, id);
     match (what, again) {
-        (Settling::Grant { .. }, Some(Change::GrantBack)) | (Settling::End(_), _) => store
+        (Settling::Grant { .. }, Some(Change::GrantBack)) | (Settling::End, _) => store
             .end_settled(id, applied, &told)
             .map(|e| (e.node, e.lease)),
         (Settling::Grant { .. }, _) => {
@@ -229,7 +230,7 @@ pub async fn expire(store: &Arc<Store>, now: std::time::Instant) -> Vec<(String,
     let sink: Arc<dyn AgentSink> = Arc::new(NoAgents);
     let mut out = Vec::new();
     for (_, id, commit) in store.begin_expiry(now) {
-        let what = Settling::End(EndKind::Expire);
+        let what = Settling::End;
         if let Ok(Some(ended)) = settle(store, &sink, id, what, commit).await {
             out.push(ended);
         }
