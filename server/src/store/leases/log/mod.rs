@@ -79,16 +79,16 @@ pub enum LeaseOp {
     /// the record, whole. It applies only where the record still exists
     /// and has no tombstone, so it can never bring back an ended lease.
     Put(LeaseRecord),
-    /// A lease ended before its time (released, its target gone, lost a
-    /// conflict): gone, with a tombstone kept until `until_ms` (the expiry
-    /// it had), so a node's agent that missed the end and still holds it
-    /// cannot bring it back.
+    /// A lease ended (released, expired, its target gone): gone, with a
+    /// tombstone kept until `until_ms` (the expiry it had), so a node's
+    /// agent that missed the end and still holds it cannot bring it back,
+    /// and a write of the lease landing late fails.
     End {
         id: u64,
         node: String,
         until_ms: u64,
     },
-    /// An expiry, or a record that cannot be read: the lease of `node` is
+    /// A record that cannot be read: the lease of `node` is
     /// forgotten (with any tombstone of its id).
     Delete { id: u64, node: String },
     /// A tombstone past its time: the id is forgotten.
