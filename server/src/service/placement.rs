@@ -524,9 +524,9 @@ impl PlacementService for Placement {
             })
             .await;
         }
-        super::allocate::release_cpus(self.leasing(), &caller, req.into_inner())
-            .await
-            .map(Response::new)
+        let id = req.get_ref().lease_id;
+        let out = super::allocate::release_cpus(self.leasing(), &caller, req.into_inner()).await;
+        self.confirmed(id, out).await.map(Response::new)
     }
 
     async fn renew_lease(
@@ -544,9 +544,25 @@ impl PlacementService for Placement {
             })
             .await;
         }
-        super::allocate::renew_lease(self.leasing(), &caller, req.into_inner())
-            .await
-            .map(Response::new)
+        let id = req.get_ref().lease_id;
+        let out = super::allocate::renew_lease(self.leasing(), &caller, req.into_inner()).await;
+        self.confirmed(id, out).await.map(Response::new)
+    }
+}
+
+impl Placement {
+    /// A lease call's answer, its NOT_FOUND confirmed with replicas: a
+    /// replica's memory may have dropped the lease between the routing and
+    /// the call (its node let go, or read again in a new ownership
+    /// period), so NOT_FOUND stands only when etcd holds no such lease;
+    /// otherwise the call is UNAVAILABLE (the node is moving).
+    async fn confirmed<T>(&self, id: u64, out: Result<T, Status>) -> Result<T, Status> {
+        match (&self.replicated, out) {
+            (Some(rep), Err(s)) if s.code() == tonic::Code::NotFound && id != 0 => {
+                Err(rep.confirm_not_found(id, s).await)
+            }
+            (_, out) => out,
+        }
     }
 }
 

@@ -111,6 +111,19 @@ impl Replicated {
         }
     }
 
+    /// `not_found` for lease `id` when etcd holds no such lease; else
+    /// UNAVAILABLE: the lease lives, on a node whose leases moved while the
+    /// call was made. A read that fails is UNAVAILABLE too.
+    pub async fn confirm_not_found(&self, id: u64, not_found: Status) -> Status {
+        match self.replica.etcd.get(&self.replica.keys.lease_id(id)).await {
+            Ok(None) => not_found,
+            Ok(Some(_)) => Status::unavailable(format!(
+                "lease_id: lease {id} lives, on a node moving between replicas or read again here; retry"
+            )),
+            Err(e) => Status::unavailable(format!("lease_id: lease {id}: {e}; retry")),
+        }
+    }
+
     /// Whether this replica answers for `node`'s leases now: it holds the
     /// node's owner key, its etcd lease is alive, and the leases in memory
     /// were loaded in the key's ownership period. A replica that was paused
