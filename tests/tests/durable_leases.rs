@@ -650,6 +650,9 @@ async fn an_allocate_cpus_whose_caller_went_away_leaves_no_lease() {
         .unwrap();
     let mut impatient = Client::connect(&server.grpc).await.unwrap();
     impatient.deadline = Duration::from_millis(300);
+    // One call, not the library's retries with its request id: the caller
+    // goes away for good.
+    impatient.attempts = 1;
     let e = impatient
         .allocate_cpus(pb::AllocateCpusRequest {
             node_id: "silent".into(),

@@ -615,6 +615,10 @@ async fn allocate_inner(
             ));
         }
     };
+    // A lease whose apply never completed is no grant anybody can use:
+    // a caller gone while it waits ends it, request id or not.
+    let mut guard = guard;
+    guard.armed |= lease.target.is_some();
     let applied = send_to_agent(p, &node, &lease, &sink).await?;
     guard.answered();
     metrics::counter!(m::LEASE_GRANTS, "policy" => c.policy.as_str()).increment(1);
@@ -682,8 +686,19 @@ async fn retried(
         let Some((node, l)) = store.requested(&c.owner, &c.request_id) else {
             return Ok(None);
         };
-        if l.phase != Phase::Pending {
+        if l.phase == Phase::Live {
             return first_answer(r, c, &node, &l).map(Some);
+        }
+        if l.phase == Phase::Ending {
+            // The first grant is ending (released, or its caller went away
+            // before it was applied): no answer of it stands.
+            return Err((
+                "busy",
+                Status::unavailable(format!(
+                    "request_id: the lease first granted to {} is ending; retry",
+                    convert::quote(&c.request_id)
+                )),
+            ));
         }
         if Instant::now() >= give_up {
             return Err((
