@@ -1,9 +1,15 @@
 //! The fairplace client library for orchestrators: connect, then ask for
 //! placements and migration checks, with a deadline on every call and
 //! retries while the server is UNAVAILABLE.
+//!
+//! It owns the API side only: the connection (plaintext, TLS, or TLS with
+//! the server's role verified, [`verified`]), the calls, and plain-text
+//! tables of their answers ([`table`], for the CLI and the demo). What a
+//! program links it for is the gRPC API and its transport: it parses no
+//! command line (the CLI, `fairplace-cli`, and the agent turn their flags
+//! into [`TlsOptions`]) and touches nothing of this machine (reading /sys
+//! and /proc and applying CPU sets is `fairplace-host`).
 
-pub mod host;
-pub mod run;
 pub mod table;
 pub mod verified;
 
@@ -78,36 +84,6 @@ impl TlsOptions {
             .map_err(|e| format!("{addr}: {e}"))?
             .tls_config(self.client_config()?)
             .map_err(|e| format!("TLS: {e}: {}", source_chain(&e)))
-    }
-}
-
-/// The TLS flags the CLI and the agent share.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct TlsArgs {
-    /// PEM CA bundle the server's certificate chains to; turns TLS on.
-    #[arg(long, global = true, env = "FAIRPLACE_TLS_CA")]
-    pub tls_ca: Option<PathBuf>,
-    /// PEM client certificate for mutual TLS; its URI SAN
-    /// spiffe://TRUST_DOMAIN/ROLE/NAME says what it may call.
-    #[arg(long, global = true, env = "FAIRPLACE_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, global = true, env = "FAIRPLACE_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// Check the server's certificate for this name instead of the
-    /// address's host.
-    #[arg(long, global = true, env = "FAIRPLACE_TLS_SERVER_NAME")]
-    pub tls_server_name: Option<String>,
-}
-
-impl From<TlsArgs> for TlsOptions {
-    fn from(a: TlsArgs) -> TlsOptions {
-        TlsOptions {
-            ca: a.tls_ca,
-            cert: a.tls_cert,
-            key: a.tls_key,
-            server_name: a.tls_server_name,
-        }
     }
 }
 
@@ -385,6 +361,62 @@ impl Client {
         Ok(out)
     }
 
+    /// AllocateCpus, with a `request_id` (a random one when the request has
+    /// none), retried with it while the outcome is unknown (UNAVAILABLE, or
+    /// no answer in time): the server answers a retry with the first
+    /// grant, so a lease granted before the connection failed is found,
+    /// never taken twice.
+    pub async fn allocate_cpus(
+        &self,
+        mut req: pb::AllocateCpusRequest,
+    ) -> Result<pb::AllocateCpusResponse, Status> {
+        if req.request_id.is_empty() {
+            req.request_id = new_request_id();
+        }
+        let mut backoff = Duration::from_millis(50);
+        let mut left = self.attempts.max(1);
+        loop {
+            let mut c = self.placement.clone();
+            let r = self.request(req.clone());
+            let s = match tokio::time::timeout(self.deadline, c.allocate_cpus(r)).await {
+                Ok(Ok(r)) => return Ok(r.into_inner()),
+                Ok(Err(s)) => s,
+                Err(_) => {
+                    Status::deadline_exceeded(format!("no answer within {:?}", self.deadline))
+                }
+            };
+            let unknown = matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded);
+            if !unknown || left <= 1 {
+                return Err(s);
+            }
+            left -= 1;
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+    }
+
+    pub async fn release_cpus(&self, lease_id: u64) -> Result<pb::ReleaseCpusResponse, Status> {
+        self.retry(|| {
+            let mut c = self.placement.clone();
+            let r = self.request(pb::ReleaseCpusRequest { lease_id });
+            async move { c.release_cpus(r).await }
+        })
+        .await
+    }
+
+    pub async fn renew_lease(
+        &self,
+        lease_id: u64,
+        ttl_ms: u32,
+    ) -> Result<pb::RenewLeaseResponse, Status> {
+        self.retry(|| {
+            let mut c = self.placement.clone();
+            let r = self.request(pb::RenewLeaseRequest { lease_id, ttl_ms });
+            async move { c.renew_lease(r).await }
+        })
+        .await
+    }
+
     /// The no-op call (the framework's own cost, for benchmarks).
     pub async fn ping(&self) -> Result<(), Status> {
         self.retry(|| {
@@ -406,4 +438,18 @@ pub fn source_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = c.source();
     }
     out.join(": ")
+}
+
+/// A request id no other call makes: 128 random bits, as hex.
+pub fn new_request_id() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        // No generator: the time and the pid, unique enough for one
+        // caller's retries.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b = (t ^ (u128::from(std::process::id()) << 96)).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -19,6 +19,8 @@ type Module = Vec<String>;
 const CRATES: &[&str] = &[
     "server/src",
     "client/src",
+    "host/src",
+    "cli/src",
     "client/agent/src",
     "types/src",
     "proto/src",

@@ -1,7 +1,8 @@
 //! fairplace-agent: reads a machine's CPU state and streams it to the server.
 //! A crate of its own, so the client library and the CLI do not carry it;
 //! what it shares with `fairplace run` (reading /sys and /proc, applying CPU
-//! sets) is the client library's `host` module.
+//! sets) is the `fairplace-host` crate, and its connection to the server
+//! (TLS, the server's role verified) is the client library's.
 //!
 //! A [`Source`] produces the topology once and per-CPU states on every tick:
 //! [`Machine`] reads this machine's sysfs and procfs, [`Simulated`] makes up
@@ -29,7 +30,7 @@ pub mod signal;
 
 // What the agent shares with `fairplace run`: reading this machine and
 // applying CPU sets to it.
-pub use fairplace_client::host::{apply, cgroupfs, pelt, procfs, sysfs, tasks};
+pub use fairplace_host::{apply, cgroupfs, pelt, procfs, sysfs, tasks};
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -25,7 +25,7 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:50051")]
     server: String,
     #[command(flatten)]
-    tls: fairplace_client::TlsArgs,
+    tls: TlsArgs,
     /// Node id; default: this machine's hostname.
     #[arg(long, env = "FAIRPLACE_NODE_ID")]
     node_id: Option<String>,
@@ -132,6 +132,37 @@ struct Args {
     /// this is not needed.
     #[arg(long)]
     insecure_apply: bool,
+}
+
+/// The TLS flags (the same as the `fairplace` CLI's), turned into the
+/// client library's `TlsOptions` for the stream's connection.
+#[derive(clap::Args, Debug, Clone, Default)]
+struct TlsArgs {
+    /// PEM CA bundle the server's certificate chains to; turns TLS on.
+    #[arg(long, env = "FAIRPLACE_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS; its URI SAN
+    /// spiffe://TRUST_DOMAIN/ROLE/NAME says what it may call.
+    #[arg(long, env = "FAIRPLACE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "FAIRPLACE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Check the server's certificate for this name instead of the
+    /// address's host.
+    #[arg(long, env = "FAIRPLACE_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
+}
+
+impl From<TlsArgs> for fairplace_client::TlsOptions {
+    fn from(a: TlsArgs) -> fairplace_client::TlsOptions {
+        fairplace_client::TlsOptions {
+            ca: a.tls_ca,
+            cert: a.tls_cert,
+            key: a.tls_key,
+            server_name: a.tls_server_name,
+        }
+    }
 }
 
 /// `--label KEY=VALUE` values as pairs.

@@ -138,7 +138,7 @@ fn try_sched_debug(path: &Path) -> Result<sched_debug::Reader, String> {
 
 /// A source as `fairplace nodes` prints it and metrics label it.
 pub fn name(source: i32) -> &'static str {
-    fairplace_client::host::signal_source_name(source)
+    fairplace_host::signal_source_name(source)
 }
 
 #[cfg(test)]

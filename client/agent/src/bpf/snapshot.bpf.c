@@ -5,7 +5,7 @@
 //
 // What this program owns: turning the kernel's `struct rq` / `struct cfs_rq`
 // of every CPU, and the runnable tasks, into fixed-size binary records that
-// the agent decodes without parsing text (client/src/agent/bpf/record.rs is
+// the agent decodes without parsing text (client/agent/src/bpf/record.rs is
 // the other half of this layout; keep the two in step).
 //
 // Why an iterator: nothing runs until the agent reads, and each read is a

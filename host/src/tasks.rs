@@ -384,8 +384,8 @@ impl RuntimeTracker {
 
 #[cfg(test)]
 mod tests {
-    use super::super::temp_tree::TempTree;
     use super::*;
+    use crate::temp_tree::TempTree;
     use std::path::PathBuf;
 
     const TICK: u64 = 10_000_000;

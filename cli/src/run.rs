@@ -34,10 +34,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::{Code, Status};
 
-use crate::host::apply;
-use crate::host::cgroupfs::CgroupFs;
-use crate::host::{procfs, sysfs};
-use crate::{Client, pb};
+use fairplace_client::{Client, pb};
+use fairplace_host::cgroupfs::CgroupFs;
+use fairplace_host::{apply, procfs, sysfs};
 
 /// What `fairplace run` was asked.
 #[derive(Debug, Clone)]
@@ -78,78 +77,6 @@ impl Cpus {
             Cpus::Lease { cpus, .. } | Cpus::Local { cpus, .. } => cpus,
         }
     }
-}
-
-impl Client {
-    /// AllocateCpus, with a `request_id` (a random one when the request has
-    /// none), retried with it while the outcome is unknown (UNAVAILABLE, or
-    /// no answer in time): the server answers a retry with the first
-    /// grant, so a lease granted before the connection failed is found,
-    /// never taken twice.
-    pub async fn allocate_cpus(
-        &self,
-        mut req: pb::AllocateCpusRequest,
-    ) -> Result<pb::AllocateCpusResponse, Status> {
-        if req.request_id.is_empty() {
-            req.request_id = new_request_id();
-        }
-        let mut backoff = Duration::from_millis(50);
-        let mut left = self.attempts.max(1);
-        loop {
-            let mut c = self.placement.clone();
-            let r = self.request(req.clone());
-            let s = match tokio::time::timeout(self.deadline, c.allocate_cpus(r)).await {
-                Ok(Ok(r)) => return Ok(r.into_inner()),
-                Ok(Err(s)) => s,
-                Err(_) => {
-                    Status::deadline_exceeded(format!("no answer within {:?}", self.deadline))
-                }
-            };
-            let unknown = matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded);
-            if !unknown || left <= 1 {
-                return Err(s);
-            }
-            left -= 1;
-            tokio::time::sleep(backoff).await;
-            backoff *= 2;
-        }
-    }
-
-    pub async fn release_cpus(&self, lease_id: u64) -> Result<pb::ReleaseCpusResponse, Status> {
-        self.retry(|| {
-            let mut c = self.placement.clone();
-            let r = self.request(pb::ReleaseCpusRequest { lease_id });
-            async move { c.release_cpus(r).await }
-        })
-        .await
-    }
-
-    pub async fn renew_lease(
-        &self,
-        lease_id: u64,
-        ttl_ms: u32,
-    ) -> Result<pb::RenewLeaseResponse, Status> {
-        self.retry(|| {
-            let mut c = self.placement.clone();
-            let r = self.request(pb::RenewLeaseRequest { lease_id, ttl_ms });
-            async move { c.renew_lease(r).await }
-        })
-        .await
-    }
-}
-
-/// A request id no other call makes: 128 random bits, as hex.
-pub fn new_request_id() -> String {
-    let mut b = [0u8; 16];
-    if getrandom::fill(&mut b).is_err() {
-        // No generator: the time and the pid, unique enough for one
-        // caller's retries.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        b = (t ^ (u128::from(std::process::id()) << 96)).to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// This machine's node id, as the agent names it: the hostname.

@@ -583,7 +583,7 @@ fn read_dir_names_opt(dir: &Path) -> io::Result<Option<Vec<String>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::temp_tree::TempTree;
+    use crate::temp_tree::TempTree;
     use std::collections::BTreeSet;
 
     /// A throw-away sysfs tree (see `temp_tree`).

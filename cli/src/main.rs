@@ -1,13 +1,23 @@
-//! The fairplace CLI: ask a server for placements and migration checks,
-//! balance proposals and scenario decisions, and look at its nodes, features
-//! and cache-aware state. One function per subcommand. (The demo, which runs
-//! a server beside a local agent, is its own binary, `fairplace-demo`.)
+//! The fairplace CLI (`fairplace-cli`, binary `fairplace`): ask a server
+//! for placements and migration checks, balance proposals and scenario
+//! decisions, and look at its nodes, features and cache-aware state. One
+//! function per subcommand. (The demo, which runs a server beside a local
+//! agent, is its own binary, `fairplace-demo`.)
+//!
+//! A crate of its own, so that the client library carries no command line
+//! and nothing of this machine: the flags are parsed here (clap) and turned
+//! into the library's options ([`TlsArgs`] into `TlsOptions`), and `fairplace
+//! run` (module `run`), which starts a command on leased CPUs, uses
+//! `fairplace-host` to read this machine and pin the command.
 
+mod run;
+
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use fairplace_client::table::{migration_type_name, render};
-use fairplace_client::{Client, pb};
+use fairplace_client::{Client, TlsOptions, pb};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -36,9 +46,39 @@ struct Cli {
     )]
     token: Option<String>,
     #[command(flatten)]
-    tls: fairplace_client::TlsArgs,
+    tls: TlsArgs,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// The TLS flags (the agent takes the same ones).
+#[derive(clap::Args, Debug, Clone, Default)]
+struct TlsArgs {
+    /// PEM CA bundle the server's certificate chains to; turns TLS on.
+    #[arg(long, global = true, env = "FAIRPLACE_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS; its URI SAN
+    /// spiffe://TRUST_DOMAIN/ROLE/NAME says what it may call.
+    #[arg(long, global = true, env = "FAIRPLACE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, global = true, env = "FAIRPLACE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Check the server's certificate for this name instead of the
+    /// address's host.
+    #[arg(long, global = true, env = "FAIRPLACE_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
+}
+
+impl From<TlsArgs> for TlsOptions {
+    fn from(a: TlsArgs) -> TlsOptions {
+        TlsOptions {
+            ca: a.tls_ca,
+            cert: a.tls_cert,
+            key: a.tls_key,
+            server_name: a.tls_server_name,
+        }
+    }
 }
 
 #[derive(clap::Args, Clone)]
@@ -195,7 +235,7 @@ struct RunArgs {
     /// Count a local fallback in DIR/fairplace_run.prom for node_exporter's
     /// textfile collector (default: its usual directory, if it exists).
     #[arg(long, env = "FAIRPLACE_TEXTFILE_DIR")]
-    textfile_dir: Option<std::path::PathBuf>,
+    textfile_dir: Option<PathBuf>,
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     cmd: Vec<std::ffi::OsString>,
 }
@@ -269,7 +309,7 @@ async fn main() {
 }
 
 async fn connect(cli: &Cli) -> Result<Client, String> {
-    let tls: fairplace_client::TlsOptions = cli.tls.clone().into();
+    let tls: TlsOptions = cli.tls.clone().into();
     let mut c = Client::connect_tls(&cli.server, &tls)
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", cli.server))?
@@ -301,7 +341,7 @@ async fn run(cli: Cli) -> Result<(), String> {
 
 /// `fairplace run`: lease, run CMD on the lease, exit with its status.
 async fn run_cmd(cli: &Cli, args: &RunArgs) -> Result<(), String> {
-    let o = fairplace_client::run::RunOptions {
+    let o = run::RunOptions {
         node: args.node.clone(),
         count: args.cpus,
         policy: args.policy.clone(),
@@ -311,7 +351,7 @@ async fn run_cmd(cli: &Cli, args: &RunArgs) -> Result<(), String> {
         timeout: Duration::from_millis(args.timeout_ms),
         cmd: args.cmd.clone(),
         textfile_dir: args.textfile_dir.clone().or_else(|| {
-            let usual = std::path::PathBuf::from("/var/lib/node_exporter/textfile_collector");
+            let usual = PathBuf::from("/var/lib/node_exporter/textfile_collector");
             usual.is_dir().then_some(usual)
         }),
     };
@@ -319,7 +359,7 @@ async fn run_cmd(cli: &Cli, args: &RunArgs) -> Result<(), String> {
         .await
         .ok()
         .and_then(Result::ok);
-    let code = fairplace_client::run::run(client.as_ref(), &o).await?;
+    let code = run::run(client.as_ref(), &o).await?;
     std::process::exit(code);
 }
 
@@ -914,5 +954,5 @@ async fn decide_cmd(cli: &Cli, args: &DecideArgs) -> Result<(), String> {
 
 /// A node's signal source as `fairplace nodes` and `fairplace node` print it.
 fn signal_name(source: i32) -> &'static str {
-    fairplace_client::host::signal_source_name(source)
+    fairplace_host::signal_source_name(source)
 }

@@ -393,7 +393,7 @@ pub(crate) fn parse_digits<T: std::str::FromStr>(s: &str) -> Option<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::temp_tree::TempTree;
+    use crate::temp_tree::TempTree;
     use std::path::PathBuf;
 
     /// A throw-away procfs tree (see `temp_tree`).
