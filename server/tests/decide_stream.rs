@@ -4,8 +4,9 @@
 //! object is bounded by --max-document-bytes.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -114,21 +115,14 @@ fn json_lines_are_answered_one_by_one_before_the_input_ends() {
     );
 }
 
-#[test]
-fn a_200_mb_stream_with_a_40_mb_line_runs_in_bounded_memory() {
-    const TOTAL: usize = 200 << 20;
-    const LONG_AT: usize = 1000;
-    // Long lines (a free-text name) keep the scenario count, and so the
-    // test's time, modest; what is measured is the bytes.
-    let line = ONE.replacen('{', &format!(r#"{{"name": "{}", "#, "x".repeat(2000)), 1) + "\n";
-    let lines = TOTAL / line.len();
-    let mut child = spawn(&[]);
-    let pid = child.id();
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
+/// What the answer reader saw: answers naming CPU 1, and the others with
+/// their line index.
+type Answers = (usize, Vec<(usize, Value)>);
+
+/// Reads every answer on a thread, counting those that name CPU 1 and
+/// keeping the others; sends the count of answers read after each one.
+fn read_answers(stdout: ChildStdout, tx: mpsc::Sender<usize>) -> JoinHandle<Answers> {
+    std::thread::spawn(move || {
         let mut ok = 0usize;
         let mut errors = Vec::new();
         for (i, l) in BufReader::new(stdout).lines().enumerate() {
@@ -141,15 +135,23 @@ fn a_200_mb_stream_with_a_40_mb_line_runs_in_bounded_memory() {
             let _ = tx.send(i + 1);
         }
         (ok, errors)
-    });
-    let err_reader = std::thread::spawn(move || {
+    })
+}
+
+/// Reads all of stderr on a thread.
+fn read_stderr(stderr: ChildStderr) -> JoinHandle<String> {
+    std::thread::spawn(move || {
         let mut s = String::new();
         BufReader::new(stderr).read_to_string(&mut s).unwrap();
         s
-    });
-    // Generated on the fly: the input is never whole anywhere.
+    })
+}
+
+/// Writes `lines` copies of `line`, and before copy `long_at` a line of
+/// 40 MiB, generated on the fly: the input is never whole anywhere.
+fn write_stream(stdin: &mut ChildStdin, line: &str, lines: usize, long_at: usize) {
     for i in 0..lines {
-        if i == LONG_AT {
+        if i == long_at {
             // Over the default 16 MiB line limit: an error for this line,
             // skipped without being held.
             let chunk = vec![b'x'; 1 << 20];
@@ -162,9 +164,11 @@ fn a_200_mb_stream_with_a_40_mb_line_runs_in_bounded_memory() {
         stdin.write_all(line.as_bytes()).unwrap();
     }
     stdin.flush().unwrap();
-    // Every answer is in while the input is still open: the process is
-    // alive, and its peak memory covers the whole run.
-    let expected = lines + 1;
+}
+
+/// Waits until the reader has seen `expected` answers, each within 2
+/// minutes of the last and all within 10.
+fn wait_for_answers(rx: &mpsc::Receiver<usize>, expected: usize) {
     let t0 = Instant::now();
     let mut seen = 0;
     while seen < expected {
@@ -173,6 +177,27 @@ fn a_200_mb_stream_with_a_40_mb_line_runs_in_bounded_memory() {
             .expect("answers keep coming");
         assert!(t0.elapsed() < Duration::from_secs(600), "too slow");
     }
+}
+
+#[test]
+fn a_200_mb_stream_with_a_40_mb_line_runs_in_bounded_memory() {
+    const TOTAL: usize = 200 << 20;
+    const LONG_AT: usize = 1000;
+    // Long lines (a free-text name) keep the scenario count, and so the
+    // test's time, modest; what is measured is the bytes.
+    let line = ONE.replacen("{", &format!(r#"{{"name": "{}", "#, "x".repeat(2000)), 1) + "\n";
+    let lines = TOTAL / line.len();
+    let mut child = spawn(&[]);
+    let pid = child.id();
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = read_answers(child.stdout.take().unwrap(), tx);
+    let err_reader = read_stderr(child.stderr.take().unwrap());
+    write_stream(&mut stdin, &line, lines, LONG_AT);
+    // Every answer is in while the input is still open: the process is
+    // alive, and its peak memory covers the whole run.
+    let expected = lines + 1;
+    wait_for_answers(&rx, expected);
     let peak = peak_rss_kib(pid);
     drop(stdin);
     let status = wait_within(&mut child, Duration::from_secs(60)).expect("decide exits");

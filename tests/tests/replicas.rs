@@ -249,167 +249,196 @@ fn three_replicas_share_the_nodes_and_answer_for_each_other() {
         let mut rig = Rig::start(&bin, 3).await;
         rig.simulate("share", 60, 8);
         rig.wait_fresh(0, 60, Duration::from_secs(20)).await;
-        // Every node has one owner key (once the start-up hand-overs, as
-        // the replicas joined one after the other, are over), and every
-        // replica owns a share.
-        let t0 = Instant::now();
-        let owners = loop {
-            let o = rig.owners().await;
-            if o.len() == 60 || t0.elapsed() > Duration::from_secs(10) {
-                break o;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        assert_eq!(owners.len(), 60, "{owners:?}");
-        let mut per: HashMap<&str, usize> = HashMap::new();
-        for r in owners.values() {
-            *per.entry(r.as_str()).or_default() += 1;
+        let owners = every_replica_owns_a_share(&rig).await;
+        each_replica_places_on_every_node(&rig).await;
+        cluster_placement_reaches_every_replicas_nodes(&rig, &owners).await;
+        a_lease_is_routed_between_replicas(&rig, &owners).await;
+        forwards_are_counted_and_one_replica_leads(&rig).await;
+        a_cluster_balance_runs_on_the_leader(&rig).await;
+    });
+}
+
+/// Every node has one owner key (once the start-up hand-overs, as the
+/// replicas joined one after the other, are over), and every replica owns
+/// a share, as its gauges say; the owners by node.
+async fn every_replica_owns_a_share(rig: &Rig) -> BTreeMap<String, String> {
+    let t0 = Instant::now();
+    let owners = loop {
+        let o = rig.owners().await;
+        if o.len() == 60 || t0.elapsed() > Duration::from_secs(10) {
+            break o;
         }
-        for r in ["r0", "r1", "r2"] {
-            let n = per.get(r).copied().unwrap_or(0);
-            assert!((8..=35).contains(&n), "{r} owns {n} of 60: {per:?}");
-            let i: usize = r[1..].parse().unwrap();
-            assert_eq!(rig.gauge(i, "fairplace_replica_owned_nodes") as usize, n);
-            assert_eq!(rig.gauge(i, "fairplace_replica_members"), 3.0);
-        }
-        // Each replica answers PickCpu for every node: its own, and the
-        // others' through their owners.
-        for i in 0..3 {
-            let mut p = rig.placement(i);
-            for k in 0..60 {
-                let r = p
-                    .pick_cpu(pb::PickCpuRequest {
-                        node_id: node("share", k),
-                        kind: pb::RequestKind::Fork as i32,
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap_or_else(|e| panic!("r{i} PickCpu {}: {e}", node("share", k)))
-                    .into_inner();
-                assert_eq!(r.node_id, node("share", k));
-            }
-        }
-        // With no node, each replica chooses among every replica's nodes
-        // (their owners publish their aggregates) and the owner places.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        for i in 0..3 {
-            let me = format!("r{i}");
-            let mut elsewhere = 0;
-            for _ in 0..30 {
-                let r = rig
-                    .placement(i)
-                    .pick_cpu(pb::PickCpuRequest {
-                        kind: pb::RequestKind::Fork as i32,
-                        claim: true,
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap_or_else(|e| panic!("r{i} PickCpu with no node: {e}"))
-                    .into_inner();
-                let owner = owners.get(&r.node_id).expect("a known node");
-                if *owner != me {
-                    elsewhere += 1;
-                }
-            }
-            assert!(elsewhere > 0, "{me} chose only its own nodes");
-            let a = rig
-                .placement(i)
-                .allocate_cpus(pb::AllocateCpusRequest {
-                    count: 1,
-                    ttl_ms: 60_000,
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(owners.len(), 60, "{owners:?}");
+    let mut per: HashMap<&str, usize> = HashMap::new();
+    for r in owners.values() {
+        *per.entry(r.as_str()).or_default() += 1;
+    }
+    for r in ["r0", "r1", "r2"] {
+        let n = per.get(r).copied().unwrap_or(0);
+        assert!((8..=35).contains(&n), "{r} owns {n} of 60: {per:?}");
+        let i: usize = r[1..].parse().unwrap();
+        assert_eq!(rig.gauge(i, "fairplace_replica_owned_nodes") as usize, n);
+        assert_eq!(rig.gauge(i, "fairplace_replica_members"), 3.0);
+    }
+    owners
+}
+
+/// Each replica answers PickCpu for every node: its own, and the others'
+/// through their owners.
+async fn each_replica_places_on_every_node(rig: &Rig) {
+    for i in 0..3 {
+        let mut p = rig.placement(i);
+        for k in 0..60 {
+            let r = p
+                .pick_cpu(pb::PickCpuRequest {
+                    node_id: node("share", k),
+                    kind: pb::RequestKind::Fork as i32,
                     ..Default::default()
                 })
                 .await
-                .unwrap_or_else(|e| panic!("r{i} AllocateCpus with no node: {e}"))
+                .unwrap_or_else(|e| panic!("r{i} PickCpu {}: {e}", node("share", k)))
                 .into_inner();
-            assert!(owners.contains_key(&a.node_id));
+            assert_eq!(r.node_id, node("share", k));
         }
-        // A lease taken at one replica for a node another owns, seen at
-        // a third, renewed and released at others.
-        let (n, owner) = owners.iter().find(|(_, o)| *o == "r2").unwrap();
-        let l = rig
-            .placement(0)
+    }
+}
+
+/// With no node, each replica chooses among every replica's nodes (their
+/// owners publish their aggregates) and the owner places: PickCpu and
+/// AllocateCpus.
+async fn cluster_placement_reaches_every_replicas_nodes(
+    rig: &Rig,
+    owners: &BTreeMap<String, String>,
+) {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..3 {
+        let me = format!("r{i}");
+        let mut elsewhere = 0;
+        for _ in 0..30 {
+            let r = rig
+                .placement(i)
+                .pick_cpu(pb::PickCpuRequest {
+                    kind: pb::RequestKind::Fork as i32,
+                    claim: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("r{i} PickCpu with no node: {e}"))
+                .into_inner();
+            let owner = owners.get(&r.node_id).expect("a known node");
+            if *owner != me {
+                elsewhere += 1;
+            }
+        }
+        assert!(elsewhere > 0, "{me} chose only its own nodes");
+        let a = rig
+            .placement(i)
             .allocate_cpus(pb::AllocateCpusRequest {
-                node_id: n.clone(),
-                count: 2,
-                holder: "t".into(),
+                count: 1,
+                ttl_ms: 60_000,
                 ..Default::default()
             })
             .await
-            .expect("AllocateCpus forwarded to the owner")
+            .unwrap_or_else(|e| panic!("r{i} AllocateCpus with no node: {e}"))
             .into_inner();
-        assert_eq!(owner, "r2");
-        let g = rig
-            .admin(1)
-            .get_node(pb::GetNodeRequest { node_id: n.clone() })
+        assert!(owners.contains_key(&a.node_id));
+    }
+}
+
+/// A lease taken at one replica for a node another owns, seen at a third,
+/// renewed and released at others; in etcd while it lives.
+async fn a_lease_is_routed_between_replicas(rig: &Rig, owners: &BTreeMap<String, String>) {
+    let (n, owner) = owners.iter().find(|(_, o)| *o == "r2").unwrap();
+    let l = rig
+        .placement(0)
+        .allocate_cpus(pb::AllocateCpusRequest {
+            node_id: n.clone(),
+            count: 2,
+            holder: "t".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("AllocateCpus forwarded to the owner")
+        .into_inner();
+    assert_eq!(owner, "r2");
+    let g = rig
+        .admin(1)
+        .get_node(pb::GetNodeRequest { node_id: n.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        g.leases
+            .iter()
+            .any(|x| x.lease_id == l.lease_id && x.cpus == l.cpus),
+        "GetNode at r1 shows the lease: {:?}",
+        g.leases
+    );
+    let in_etcd = rig.leases().await;
+    assert!(in_etcd.iter().any(|r| r["id"].as_u64() == Some(l.lease_id)));
+    rig.placement(1)
+        .renew_lease(pb::RenewLeaseRequest {
+            lease_id: l.lease_id,
+            ttl_ms: 60_000,
+        })
+        .await
+        .expect("RenewLease routed by lease id");
+    rig.placement(0)
+        .release_cpus(pb::ReleaseCpusRequest {
+            lease_id: l.lease_id,
+        })
+        .await
+        .expect("ReleaseCpus routed by lease id");
+    assert!(
+        !rig.leases()
             .await
-            .unwrap()
-            .into_inner();
-        assert!(
-            g.leases
-                .iter()
-                .any(|x| x.lease_id == l.lease_id && x.cpus == l.cpus),
-            "GetNode at r1 shows the lease: {:?}",
-            g.leases
-        );
-        let in_etcd = rig.leases().await;
-        assert!(in_etcd.iter().any(|r| r["id"].as_u64() == Some(l.lease_id)));
-        rig.placement(1)
-            .renew_lease(pb::RenewLeaseRequest {
-                lease_id: l.lease_id,
-                ttl_ms: 60_000,
+            .iter()
+            .any(|r| r["id"].as_u64() == Some(l.lease_id)),
+        "the released lease left etcd"
+    );
+}
+
+/// The forwards so far were counted, and exactly one replica leads.
+async fn forwards_are_counted_and_one_replica_leads(rig: &Rig) {
+    let forwards: usize = (0..3)
+        .map(|i| {
+            rig.metrics(i)
+                .lines()
+                .filter(|l| l.starts_with("fairplace_replica_forwards_total{"))
+                .count()
+        })
+        .sum();
+    assert!(forwards > 0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let leaders: f64 = (0..3)
+        .map(|i| rig.gauge(i, "fairplace_replica_leader"))
+        .sum();
+    assert_eq!(leaders, 1.0, "one balancer leader");
+}
+
+/// A cluster Balance that acts runs on the leader, wherever it is asked:
+/// the others forward it.
+async fn a_cluster_balance_runs_on_the_leader(rig: &Rig) {
+    let leader = (0..3)
+        .find(|&i| rig.gauge(i, "fairplace_replica_leader") == 1.0)
+        .unwrap();
+    for i in 0..3 {
+        rig.placement(i)
+            .balance(pb::BalanceRequest {
+                cluster_level: "zone".into(),
+                cluster_group: "z1".into(),
+                apply: true,
+                ..Default::default()
             })
             .await
-            .expect("RenewLease routed by lease id");
-        rig.placement(0)
-            .release_cpus(pb::ReleaseCpusRequest {
-                lease_id: l.lease_id,
-            })
-            .await
-            .expect("ReleaseCpus routed by lease id");
-        assert!(
-            !rig.leases()
-                .await
-                .iter()
-                .any(|r| r["id"].as_u64() == Some(l.lease_id)),
-            "the released lease left etcd"
-        );
-        // Forwards were counted, and exactly one replica leads.
-        let forwards: usize = (0..3)
-            .map(|i| {
-                rig.metrics(i)
-                    .lines()
-                    .filter(|l| l.starts_with("fairplace_replica_forwards_total{"))
-                    .count()
-            })
-            .sum();
-        assert!(forwards > 0);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let leaders: f64 = (0..3)
-            .map(|i| rig.gauge(i, "fairplace_replica_leader"))
-            .sum();
-        assert_eq!(leaders, 1.0, "one balancer leader");
-        // A cluster Balance that acts runs on the leader, wherever it is
-        // asked: the others forward it.
-        let leader = (0..3)
-            .find(|&i| rig.gauge(i, "fairplace_replica_leader") == 1.0)
-            .unwrap();
-        for i in 0..3 {
-            rig.placement(i)
-                .balance(pb::BalanceRequest {
-                    cluster_level: "zone".into(),
-                    cluster_group: "z1".into(),
-                    apply: true,
-                    ..Default::default()
-                })
-                .await
-                .unwrap_or_else(|e| panic!("r{i} cluster Balance with apply: {e}"));
-            let forwarded = rig
-                .metrics(i)
-                .contains("fairplace_replica_forwards_total{method=\"Balance\",outcome=\"ok\"} 1");
-            assert_eq!(forwarded, i != leader, "r{i} (leader r{leader})");
-        }
-    });
+            .unwrap_or_else(|e| panic!("r{i} cluster Balance with apply: {e}"));
+        let forwarded = rig
+            .metrics(i)
+            .contains("fairplace_replica_forwards_total{method=\"Balance\",outcome=\"ok\"} 1");
+        assert_eq!(forwarded, i != leader, "r{i} (leader r{leader})");
+    }
 }
 
 /// Registers `node` (zone z1, rack r1) with a hand-driven stream at its

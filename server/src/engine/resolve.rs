@@ -1,5 +1,5 @@
 //! Request fields into the engine's inputs, with one set of rules for both
-//! formats that carry them: the JSON scenarios (`offline/scenario.rs`) and the
+//! formats that carry them: the JSON scenarios (`offline/scenario/`) and the
 //! protobuf requests (`service/convert/request.rs`). A format only
 //! extracts its fields (types, ranges of the numbers it parses, CPU ids
 //! within the node) and names them; what a field means against the node
