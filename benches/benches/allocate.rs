@@ -35,14 +35,17 @@ fn allocate(c: &mut Criterion) {
         })
         .collect();
     let store = Arc::new(Store::new(StoreConfig::default()));
-    let (node, g) = store.register("n", vec![], "bench".into(), spec).unwrap();
+    let (node, g) = store
+        .nodes
+        .register("n", vec![], "bench".into(), spec)
+        .unwrap();
     let u = Update {
         seq: 1,
         full: true,
         cpus,
         ..Update::default()
     };
-    store.apply(&node, g, &u, Instant::now()).unwrap();
+    store.nodes.apply(&node, g, &u, Instant::now()).unwrap();
     let task = Task::new(n, 0);
 
     let mut group = c.benchmark_group("allocate_128cpu_half_busy");
@@ -62,6 +65,7 @@ fn allocate(c: &mut Criterion) {
             group.bench_function(format!("{}_count_{count}", policy.as_str()), |b| {
                 b.iter(|| {
                     let (_, lease, _commit) = store
+                        .leases
                         .allocate_locked(&node, Instant::now(), |snap, leased| {
                             let req = alloc::Request {
                                 topo: &snap.topo,
@@ -88,9 +92,17 @@ fn allocate(c: &mut Criterion) {
                         .unwrap();
                     // The whole life in memory, each commit acknowledged
                     // (the memory log's commits are done at once).
-                    store.grant_settled(lease.id, true);
-                    let (_, _, _commit) = store.begin_end(lease.id, |_| Ok::<(), ()>(())).unwrap();
-                    black_box(store.end_settled(lease.id, true, &|_, _| {}).is_some())
+                    store.leases.grant_settled(lease.id, true);
+                    let (_, _, _commit) = store
+                        .leases
+                        .begin_end(lease.id, |_| Ok::<(), ()>(()))
+                        .unwrap();
+                    black_box(
+                        store
+                            .leases
+                            .end_settled(lease.id, true, &|_, _| {})
+                            .is_some(),
+                    )
                 });
             });
         }

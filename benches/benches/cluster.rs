@@ -10,7 +10,7 @@ use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::decision::{Kind, PlaceRequest};
 use fairplace::engine::state::{CpuState, Task};
 use fairplace::engine::{View, select_task_rq};
-use fairplace::store::cluster::ClusterRequest;
+use fairplace::store::hierarchy::ClusterRequest;
 use fairplace::store::{Store, StoreConfig, Update};
 use fairplace_benches::{Lcg, busy_cpu, spec, system};
 
@@ -32,6 +32,7 @@ fn cluster(c: &mut Criterion) {
                     ("rack".into(), format!("r{r}")),
                 ];
                 let (node, g) = store
+                    .nodes
                     .register(&id, labels, "bench".into(), spec.clone())
                     .unwrap();
                 let busy = 20 + (rng.next_u64() % 100) as usize;
@@ -48,6 +49,7 @@ fn cluster(c: &mut Criterion) {
                     })
                     .collect();
                 store
+                    .nodes
                     .apply(
                         &node,
                         g,
@@ -65,13 +67,13 @@ fn cluster(c: &mut Criterion) {
     }
     eprintln!(
         "registered {} nodes in {:.1} s",
-        store.len(),
+        store.nodes.len(),
         t0.elapsed().as_secs_f64()
     );
     let req = ClusterRequest::default();
     let all = CpuMask::first_n(n);
-    let a = store.cluster_pick(&req, &all).unwrap();
-    let b = store.naive_cluster_pick(&req, &all).unwrap();
+    let a = store.cluster.pick(&req, &all).unwrap();
+    let b = store.cluster.naive_pick(&req, &all).unwrap();
     assert_eq!(a, b, "incremental and naive agree");
     eprintln!(
         "chosen {} after comparing {} groups and nodes",
@@ -82,12 +84,12 @@ fn cluster(c: &mut Criterion) {
     let task = Task::new(n, 0);
     let mut g = c.benchmark_group("cluster_10000x128");
     g.bench_function("incremental_pick", |b| {
-        b.iter(|| store.cluster_pick(black_box(&req), &all))
+        b.iter(|| store.cluster.pick(black_box(&req), &all))
     });
     g.bench_function("incremental_pick_and_node_slow_path", |b| {
         b.iter(|| {
-            let ch = store.cluster_pick(black_box(&req), &all).unwrap();
-            let node = store.get(&ch.node).unwrap();
+            let ch = store.cluster.pick(black_box(&req), &all).unwrap();
+            let node = store.nodes.get(&ch.node).unwrap();
             let s = node.snapshot();
             let this = all.first_and(&s.topo.online).unwrap();
             let view = View {
@@ -101,7 +103,7 @@ fn cluster(c: &mut Criterion) {
     });
     g.sample_size(10);
     g.bench_function("naive_recompute_pick", |b| {
-        b.iter(|| store.naive_cluster_pick(black_box(&req), &all))
+        b.iter(|| store.cluster.naive_pick(black_box(&req), &all))
     });
     g.finish();
 }

@@ -13,8 +13,8 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use fairplace::service::identity::Caller;
-use fairplace::service::placement::Picked;
+use fairplace::convert::Picked;
+use fairplace::identity::Caller;
 use fairplace_benches::load::{self, pick_cpu, ping_answer};
 use fairplace_proto::codec::{PREFIX, frame};
 use fairplace_proto::v1 as pb;

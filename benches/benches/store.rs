@@ -53,9 +53,11 @@ fn store_vs_mutex(c: &mut Criterion) {
 
     let store = Arc::new(Store::new(StoreConfig::default()));
     let (node, generation) = store
+        .nodes
         .register("n", vec![], "bench".into(), spec.clone())
         .unwrap();
     store
+        .nodes
         .apply(&node, generation, &updates[0], Instant::now())
         .unwrap();
 
@@ -80,7 +82,10 @@ fn store_vs_mutex(c: &mut Criterion) {
                 while !stop.load(Ordering::Relaxed) {
                     let mut u = updates[k % 2].clone();
                     u.seq = k as u64 + 2;
-                    store.apply(&node, generation, &u, Instant::now()).unwrap();
+                    store
+                        .nodes
+                        .apply(&node, generation, &u, Instant::now())
+                        .unwrap();
                     k += 1;
                 }
             })

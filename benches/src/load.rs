@@ -5,13 +5,13 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fairplace::service::convert;
-use fairplace::service::heavy::HeavyPool;
-use fairplace::service::identity::Caller;
-use fairplace::service::lean::{Step, pick_cpu_here};
+use fairplace::convert;
+use fairplace::identity::Caller;
+use fairplace::service::cpu_pool::CpuPool;
 use fairplace::service::lease_hub::LeaseHub;
 use fairplace::service::placement::Placement;
 use fairplace::store::{Store, StoreConfig};
+use fairplace::transport::fast_unary::{Step, pick_cpu_here};
 use fairplace_proto::codec::{PREFIX, frame};
 use fairplace_proto::v1 as pb;
 use prost::Message;
@@ -91,6 +91,7 @@ pub fn placement() -> Placement {
     }));
     let spec = convert::topology_spec(Some(&topology(128)), "topology").unwrap();
     let (node, generation) = store
+        .nodes
         .register("load", vec![], "bench".into(), spec.clone())
         .unwrap();
     let report = pb::Update {
@@ -101,11 +102,12 @@ pub fn placement() -> Placement {
     };
     let update = convert::update(&report, &spec).unwrap();
     store
+        .nodes
         .apply(&node, generation, &update, Instant::now())
         .unwrap();
     Placement {
         store,
-        heavy: HeavyPool::new(1, 1),
+        heavy: CpuPool::new(1, 1),
         hub: Arc::new(LeaseHub::default()),
         replicated: None,
         stopping: tokio::sync::watch::channel(false).1,

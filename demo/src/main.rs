@@ -87,18 +87,19 @@ async fn start_server(grpc_port: u16, metrics_port: u16) -> Result<Server, Strin
     let state =
         StateDir(std::env::temp_dir().join(format!("fairplace-demo-state-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&state.0);
-    let cfg = fairplace::service::ServeConfig {
-        leases: fairplace::service::LeaseStorage::Dir(state.0.clone()),
+    let cfg = fairplace::serve::ServeConfig {
+        leases: fairplace::serve::LeaseStorage::Dir(state.0.clone()),
         ..Default::default()
     };
-    let store = fairplace::service::open_store(&cfg).map_err(|e| e.to_string())?;
-    fairplace::service::exposition::start(
+    let store = fairplace::serve::open_store(&cfg).map_err(|e| e.to_string())?;
+    fairplace::transport::exposition::start(
         metrics,
         std::sync::Arc::clone(&store),
         cfg.ready.clone(),
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let (stop, mut stop_rx) = watch::channel(false);
-    let task = tokio::spawn(fairplace::service::serve_store(
+    let task = tokio::spawn(fairplace::serve::serve_store(
         cfg,
         store,
         grpc,

@@ -7,11 +7,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use fairplace::service::heavy::default_workers as default_heavy_workers;
-use fairplace::service::layers::StreamCaps;
-use fairplace::service::listener::ListenOpts;
-use fairplace::service::{LeaseStorage, ServeConfig, shutdown_signal};
+use fairplace::serve::{LeaseStorage, ServeConfig, shutdown_signal};
+use fairplace::service::cpu_pool::default_workers as default_heavy_workers;
 use fairplace::store::StoreConfig;
+use fairplace::transport::layers::StreamCaps;
+use fairplace::transport::listener::ListenOpts;
 
 #[derive(Parser)]
 #[command(
@@ -163,7 +163,7 @@ struct ServeArgs {
     #[arg(long, default_value_t = ListenOpts::default().max_connections_per_peer, value_parser = positive_usize)]
     max_connections_per_peer: usize,
     /// HTTP/2 streams one connection may have open at once.
-    #[arg(long, default_value_t = fairplace::service::DEFAULT_MAX_STREAMS_PER_CONNECTION, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = fairplace::serve::DEFAULT_MAX_STREAMS_PER_CONNECTION, value_parser = clap::value_parser!(u32).range(1..))]
     max_streams_per_connection: u32,
     /// AgentService.Report streams open at once; more are refused with
     /// RESOURCE_EXHAUSTED.
@@ -360,7 +360,9 @@ fn main() -> ExitCode {
 /// otherwise none a node reports under mutual TLS (a node certificate
 /// proves the node, not its zone), and all of them without client
 /// authentication (every caller is trusted there).
-fn label_policy(a: &ServeArgs) -> Result<fairplace::store::LabelPolicy, String> {
+fn label_policy(
+    a: &ServeArgs,
+) -> Result<fairplace::store::LabelPolicy, fairplace::store::labels::LabelPolicyError> {
     use fairplace::store::LabelPolicy;
     if a.node_labels.is_some() || !a.trust_reported_labels.is_empty() {
         LabelPolicy::load(a.node_labels.as_deref(), &a.trust_reported_labels)
@@ -455,8 +457,8 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
     // The lease store before the ports: a state directory in use or
     // unreadable, or an etcd that cannot be joined, stops the server
     // before it listens.
-    let (store, replicated) = fairplace::service::open(&cfg).await?;
-    let metrics_addr = fairplace::service::exposition::start(
+    let (store, replicated) = fairplace::serve::open(&cfg).await?;
+    let metrics_addr = fairplace::transport::exposition::start(
         a.metrics_addr,
         std::sync::Arc::clone(&store),
         cfg.ready.clone(),
@@ -474,7 +476,7 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
         "fairplace-server listening grpc={grpc_addr} metrics=http://{metrics_addr}/metrics{health_note}"
     );
     tracing::info!(%grpc_addr, %metrics_addr, "serving");
-    fairplace::service::serve_replicated(cfg, store, replicated, listener, shutdown_signal()).await
+    fairplace::serve::serve_replicated(cfg, store, replicated, listener, shutdown_signal()).await
 }
 
 /// The replica flags, checked; `None` without --etcd-endpoints.
@@ -596,9 +598,9 @@ impl<R: Read> Read for ReadErrorsNamed<'_, R> {
 /// certificates (`--client-ca`) unless `--allow-unauthenticated` says so.
 fn tls_settings(
     a: &ServeArgs,
-) -> Result<Option<fairplace::service::tls::TlsSettings>, Box<dyn std::error::Error + Send + Sync>>
+) -> Result<Option<fairplace::transport::tls::TlsSettings>, Box<dyn std::error::Error + Send + Sync>>
 {
-    fairplace::service::identity::parse_spiffe_id(
+    fairplace::identity::parse_spiffe_id(
         &format!("spiffe://{}/admin/x", a.trust_domain),
         &a.trust_domain,
     )
@@ -625,7 +627,7 @@ fn tls_settings(
     }
     Ok(match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => {
-            let mut t = fairplace::service::tls::TlsSettings::new(
+            let mut t = fairplace::transport::tls::TlsSettings::new(
                 cert.clone(),
                 key.clone(),
                 a.client_ca.clone(),
@@ -677,7 +679,7 @@ fn pki(a: &PkiArgs) -> Result<(), Box<dyn std::error::Error>> {
                 continue;
             }
             let mut leaf = Leaf::client(&a.trust_domain, role, n);
-            fairplace::service::identity::parse_spiffe_id(&leaf.uris[0], &a.trust_domain)?;
+            fairplace::identity::parse_spiffe_id(&leaf.uris[0], &a.trust_domain)?;
             leaf.days = a.days;
             ca.issue(&leaf)?.write(&a.dir, &file)?;
             written.push(file);

@@ -498,12 +498,44 @@ const AGE_BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Why the metrics recorder cannot be installed: a histogram's buckets are
+/// refused (a bug in the tables above), or a recorder is installed already
+/// (the process installed one before; only one can exist). Either way
+/// nothing is recorded, so the server stops rather than serve blind.
+#[derive(Debug)]
+pub enum RecorderError {
+    /// The exporter refused a metric's histogram buckets.
+    Buckets(metrics_exporter_prometheus::BuildError),
+    /// Another global recorder was installed first.
+    AlreadyInstalled(metrics::SetRecorderError<()>),
+}
+
+impl std::fmt::Display for RecorderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecorderError::Buckets(e) => write!(f, "{e}"),
+            RecorderError::AlreadyInstalled(e) => write!(f, "metrics recorder: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RecorderError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RecorderError::Buckets(e) => Some(e),
+            RecorderError::AlreadyInstalled(e) => Some(e),
+        }
+    }
+}
+
 /// Installs the global recorder (buckets, help text, the series that
 /// exist from the start) and returns its handle, which renders it.
-pub fn install_recorder() -> Result<PrometheusHandle, String> {
+pub fn install_recorder() -> Result<PrometheusHandle, RecorderError> {
     let recorder = builder()?.build_recorder();
     let handle = recorder.handle();
-    metrics::set_global_recorder(recorder).map_err(|e| format!("metrics recorder: {e}"))?;
+    // The refused recorder is dropped: the error keeps only the message.
+    metrics::set_global_recorder(recorder)
+        .map_err(|_| RecorderError::AlreadyInstalled(metrics::SetRecorderError(())))?;
     describe();
     // Unlabelled series exist from the start, so a scrape (and an alert on
     // their rate) sees them before the first event.
@@ -538,14 +570,14 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
     Ok(handle)
 }
 
-fn builder() -> Result<PrometheusBuilder, String> {
+fn builder() -> Result<PrometheusBuilder, RecorderError> {
     // The recorder holds only series whose label values come from fixed
     // sets; the per-node series are rendered from the store at each scrape
     // (`exposition`), so nothing here needs to expire.
     let b = PrometheusBuilder::new();
     let set = |b: PrometheusBuilder, m: &str, buckets: &[f64]| {
         b.set_buckets_for_metric(Matcher::Full(m.to_string()), buckets)
-            .map_err(|e| e.to_string())
+            .map_err(RecorderError::Buckets)
     };
     let b = set(b, RPC_DURATION, &LATENCY_BUCKETS)?;
     let b = set(b, REPORT_APPLY_DURATION, &LATENCY_BUCKETS)?;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
-use fairplace::service::heavy::HeavyPool;
+use fairplace::service::cpu_pool::CpuPool;
 use fairplace::service::lease_hub::LeaseHub;
 use fairplace::service::placement::Placement;
 use fairplace::store::leases::settle;
@@ -50,7 +50,7 @@ fn placement() -> Placement {
             stale_after: Duration::from_secs(3600),
             ..StoreConfig::default()
         })),
-        heavy: HeavyPool::new(1, 4),
+        heavy: CpuPool::new(1, 4),
         hub: Arc::new(LeaseHub::default()),
         replicated: None,
         stopping: tokio::sync::watch::channel(false).1,
@@ -60,7 +60,7 @@ fn placement() -> Placement {
 /// Registers `id` and reports it with `busy` CPUs running one task.
 fn node(p: &Placement, id: &str, sp: TopologySpec, busy: &[u32]) -> Arc<Node> {
     let n = sp.cpus.len() as u32;
-    let (node, g) = p.store.register(id, vec![], "t".into(), sp).unwrap();
+    let (node, g) = p.store.nodes.register(id, vec![], "t".into(), sp).unwrap();
     let cpus = (0..n)
         .map(|i| {
             let mut c = CpuState::idle(1024);
@@ -80,7 +80,7 @@ fn node(p: &Placement, id: &str, sp: TopologySpec, busy: &[u32]) -> Arc<Node> {
         cpus,
         ..Update::default()
     };
-    p.store.apply(&node, g, &u, Instant::now()).unwrap();
+    p.store.nodes.apply(&node, g, &u, Instant::now()).unwrap();
     node
 }
 
@@ -285,7 +285,7 @@ async fn leases_count_as_busy_in_pick_cpu_and_end_on_release() {
         cpus: vec![(0, c)],
         ..Update::default()
     };
-    p.store.apply(&n, g, &u, Instant::now()).unwrap();
+    p.store.nodes.apply(&n, g, &u, Instant::now()).unwrap();
     let s = n.snapshot();
     assert_eq!(s.state.cpus[0].nr_running, 1, "still leased");
     assert_eq!(s.state.cpus[0].util_avg, 7, "the new report underneath");
@@ -341,7 +341,7 @@ async fn leases_expire_and_renewal_keeps_them() {
     let short = alloc(&p, r.clone()).await.unwrap();
     let kept = alloc(&p, r).await.unwrap();
     let t0 = Instant::now();
-    assert!(settle::expire(&p.store, t0).await.is_empty());
+    assert!(settle::expire(&p.store.leases, t0).await.is_empty());
     let renewed = p
         .renew_lease(Request::new(pb::RenewLeaseRequest {
             lease_id: kept.lease_id,
@@ -351,13 +351,13 @@ async fn leases_expire_and_renewal_keeps_them() {
         .unwrap()
         .into_inner();
     assert_eq!(renewed.ttl_ms, 5000);
-    let ended = settle::expire(&p.store, t0 + Duration::from_millis(1500)).await;
+    let ended = settle::expire(&p.store.leases, t0 + Duration::from_millis(1500)).await;
     assert_eq!(ended.len(), 1);
     assert_eq!(ended[0].1.id, short.lease_id);
-    let left = p.store.leases_of(&n);
+    let left = p.store.leases.leases_of(&n);
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].id, kept.lease_id);
-    assert_eq!(p.store.leases_outstanding(), (1, 1));
+    assert_eq!(p.store.leases.leases_outstanding(), (1, 1));
     // The expired lease's CPU is idle again; the renewed one's is not.
     let s = n.snapshot();
     let short_cpu: usize = short.cpus.parse().unwrap();
@@ -381,22 +381,23 @@ async fn a_forgotten_nodes_leases_wait_for_it_and_stay_releasable() {
     node(&p, "a", spec(1, 2, 1), &[]);
     let r = alloc(&p, req("a", 1, "kernel")).await.unwrap();
     let kept = alloc(&p, req("a", 1, "kernel")).await.unwrap();
-    assert_eq!(p.store.leases_outstanding(), (2, 2));
+    assert_eq!(p.store.leases.leases_outstanding(), (2, 2));
     p.store
+        .nodes
         .forget_stale(Instant::now() + Duration::from_secs(100_000));
-    assert!(p.store.get("a").is_none());
+    assert!(p.store.nodes.get("a").is_none());
     // Parked, not ended: still outstanding, and the owner can release one.
-    assert_eq!(p.store.leases_outstanding(), (2, 2));
+    assert_eq!(p.store.leases.leases_outstanding(), (2, 2));
     p.release_cpus(Request::new(pb::ReleaseCpusRequest {
         lease_id: r.lease_id,
     }))
     .await
     .unwrap();
-    assert_eq!(p.store.leases_outstanding(), (1, 1));
+    assert_eq!(p.store.leases.leases_outstanding(), (1, 1));
     // The node comes back: the other lease counts on it again, on its CPU.
     node(&p, "a", spec(1, 2, 1), &[]);
-    let n = p.store.get("a").unwrap();
-    let leases = p.store.leases_of(&n);
+    let n = p.store.nodes.get("a").unwrap();
+    let leases = p.store.leases.leases_of(&n);
     assert_eq!(leases.len(), 1);
     assert_eq!(leases[0].id, kept.lease_id);
     assert_eq!(leases[0].cpus.to_string(), kept.cpus);
@@ -531,7 +532,7 @@ async fn every_bad_input_is_refused_naming_its_field_and_nothing_is_leased() {
         assert!(e.message().starts_with(field), "{field}: {}", e.message());
         assert!(e.message().len() < 400, "{}", e.message());
     }
-    assert_eq!(p.store.leases_outstanding(), (0, 0));
+    assert_eq!(p.store.leases.leases_outstanding(), (0, 0));
     let s = n.snapshot();
     assert!(s.state.cpus.iter().all(|c| c.idle_cpu()));
     // The failed apply granted and released a lease: two publishes; every

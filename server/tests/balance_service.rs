@@ -10,9 +10,10 @@ use fairplace::engine::cpumask::CpuMask;
 use fairplace::engine::rq::RqTask;
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
+use fairplace::store::cluster::ClusterBalanceRequest;
+use fairplace::store::passes::BalanceRequest;
 use fairplace::store::{
-    BalanceRequest, ClusterBalanceRequest, CpuTaskList, MAX_RUNTIME_PER_CPU, Node, Reject,
-    RuntimeEntry, Store, StoreConfig, Update,
+    CpuTaskList, MAX_RUNTIME_PER_CPU, Node, Reject, RuntimeEntry, Store, StoreConfig, Update,
 };
 use fairplace_proto::v1 as pb;
 
@@ -93,7 +94,7 @@ fn node(s: &Store, id: &str, labels: &[(&str, &str)], n: u32) -> (Arc<Node>, u64
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    s.register(id, labels, "t".into(), spec(n)).unwrap()
+    s.nodes.register(id, labels, "t".into(), spec(n)).unwrap()
 }
 
 fn ids(n: &Node, cpu: usize) -> Vec<u64> {
@@ -117,7 +118,7 @@ fn task_lists_are_kept_most_recently_run_first_and_deltas_replace_them() {
             ],
         )],
     );
-    s.apply(&n, g, &u, Instant::now()).unwrap();
+    s.nodes.apply(&n, g, &u, Instant::now()).unwrap();
     assert_eq!(ids(&n, 0), vec![1, 2, 3]);
     // A delta lists CPU 1 with task 3: it moved, so CPU 0 loses it.
     let mut d = Update {
@@ -130,7 +131,7 @@ fn task_lists_are_kept_most_recently_run_first_and_deltas_replace_them() {
         clock: CLOCK,
         tasks: vec![(task(3, 0, true), None)],
     });
-    s.apply(&n, g, &d, Instant::now()).unwrap();
+    s.nodes.apply(&n, g, &d, Instant::now()).unwrap();
     assert_eq!(ids(&n, 0), vec![1, 2]);
     assert_eq!(ids(&n, 1), vec![3]);
     // A delta without task lists keeps them (the same table is shared).
@@ -141,10 +142,12 @@ fn task_lists_are_kept_most_recently_run_first_and_deltas_replace_them() {
         cpus: vec![(2, CpuState::idle(1024))],
         ..Update::default()
     };
-    s.apply(&n, g, &d, Instant::now()).unwrap();
+    s.nodes.apply(&n, g, &d, Instant::now()).unwrap();
     assert!(Arc::ptr_eq(&before, &n.snapshot().tasks));
     // A full update without lists clears them.
-    s.apply(&n, g, &full(4, 9, vec![]), Instant::now()).unwrap();
+    s.nodes
+        .apply(&n, g, &full(4, 9, vec![]), Instant::now())
+        .unwrap();
     assert!(n.snapshot().tasks.is_empty());
 }
 
@@ -152,13 +155,14 @@ fn task_lists_are_kept_most_recently_run_first_and_deltas_replace_them() {
 fn every_bad_task_list_is_refused_with_its_field_and_changes_nothing() {
     let s = store();
     let (n, g) = node(&s, "a", &[], 4);
-    s.apply(
-        &n,
-        g,
-        &full(4, 1, vec![(0, vec![task(1, 0, true)])]),
-        Instant::now(),
-    )
-    .unwrap();
+    s.nodes
+        .apply(
+            &n,
+            g,
+            &full(4, 1, vec![(0, vec![task(1, 0, true)])]),
+            Instant::now(),
+        )
+        .unwrap();
     let before = n.snapshot();
     let bad = |f: &dyn Fn(&mut Update)| {
         let mut u = full(
@@ -254,7 +258,7 @@ fn every_bad_task_list_is_refused_with_its_field_and_changes_nothing() {
         ),
     ];
     for (field, u) in cases {
-        match s.apply(&n, g, &u, Instant::now()) {
+        match s.nodes.apply(&n, g, &u, Instant::now()) {
             Err(Reject::Invalid(e)) => assert_eq!(e.field, field, "{e}"),
             other => panic!("{field}: {other:?}"),
         }
@@ -312,12 +316,12 @@ fn bad_task_fields_from_the_wire_name_their_field() {
         ),
     ];
     for (field, u) in cases {
-        let e = fairplace::service::convert::update(&u, &spec).unwrap_err();
+        let e = fairplace::convert::update(&u, &spec).unwrap_err();
         assert_eq!(e.field, field, "{e}");
     }
     // A valid one converts, with its mask.
     let ok = mk(&|t| t.cpus_allowed = "1-2".into());
-    let u = fairplace::service::convert::update(&ok, &spec).unwrap();
+    let u = fairplace::convert::update(&ok, &spec).unwrap();
     assert_eq!(u.tasks[0].tasks[1].1, Some(CpuMask::from_cpus([1, 2])));
 }
 
@@ -348,8 +352,10 @@ fn a_node_balance_proposes_the_coldest_task_and_apply_claims_its_destination() {
             ],
         )],
     );
-    s.apply(&n, g, &u, Instant::now()).unwrap();
-    let out = s.balance(&n, &BalanceRequest::default(), Instant::now());
+    s.nodes.apply(&n, g, &u, Instant::now()).unwrap();
+    let out = s
+        .passes
+        .balance(&n, &BalanceRequest::default(), Instant::now());
     let got: Vec<(u64, usize, usize, MigrationType)> = out
         .proposals
         .iter()
@@ -365,7 +371,7 @@ fn a_node_balance_proposes_the_coldest_task_and_apply_claims_its_destination() {
     assert_eq!(out.stats.domains_balanced, 4);
     assert_eq!(out.stats.rejections.iter().sum::<u64>(), 0);
     // max_proposals ends the pass after the first.
-    let one = s.balance(
+    let one = s.passes.balance(
         &n,
         &BalanceRequest {
             max_proposals: 1,
@@ -379,7 +385,7 @@ fn a_node_balance_proposes_the_coldest_task_and_apply_claims_its_destination() {
     assert_eq!(n.snapshot().state.cpus[1].nr_running, 0);
     assert_eq!(ids(&n, 0), vec![1, 2, 3]);
     // With apply, each destination gets a claim.
-    let out = s.balance(
+    let out = s.passes.balance(
         &n,
         &BalanceRequest {
             apply: true,
@@ -419,8 +425,9 @@ fn rack(s: &Store, hot: bool, pinned: bool) -> (Arc<Node>, Arc<Node>) {
             }
         }
     }
-    s.apply(&a, ga, &u, Instant::now()).unwrap();
-    s.apply(&b, gb, &full(4, 1, vec![]), Instant::now())
+    s.nodes.apply(&a, ga, &u, Instant::now()).unwrap();
+    s.nodes
+        .apply(&b, gb, &full(4, 1, vec![]), Instant::now())
         .unwrap();
     (a, b)
 }
@@ -449,7 +456,8 @@ fn a_rack_balance_pulls_one_cold_task_to_the_idle_node() {
     let s = store();
     let (_a, b) = rack(&s, false, false);
     let out = s
-        .cluster_balance(&rack_req(), Default::default(), Instant::now())
+        .cluster
+        .balance(&rack_req(), Default::default(), Instant::now())
         .unwrap();
     assert_eq!(out.proposals.len(), 1, "{:?}", out.proposals);
     let p = &out.proposals[0];
@@ -468,7 +476,8 @@ fn a_rack_balance_pulls_one_cold_task_to_the_idle_node() {
     assert_eq!(out.stats.domains_balanced, 2);
     // Applied: b's CPU 0 is claimed.
     let out = s
-        .cluster_balance(
+        .cluster
+        .balance(
             &ClusterBalanceRequest {
                 apply: true,
                 ..rack_req()
@@ -489,7 +498,8 @@ fn tasks_bound_to_their_cpus_never_leave_their_node() {
     let s = store();
     rack(&s, false, true);
     let out = s
-        .cluster_balance(&rack_req(), Default::default(), Instant::now())
+        .cluster
+        .balance(&rack_req(), Default::default(), Instant::now())
         .unwrap();
     assert!(out.proposals.is_empty());
     let named: Vec<(&str, u64)> = out.stats.rejection_counts().collect();
@@ -505,7 +515,8 @@ fn a_cache_hot_task_crosses_nodes_only_after_three_failed_passes() {
     rack(&s, true, false);
     for pass in 0..3 {
         let out = s
-            .cluster_balance(&rack_req(), Default::default(), Instant::now())
+            .cluster
+            .balance(&rack_req(), Default::default(), Instant::now())
             .unwrap();
         assert!(out.proposals.is_empty(), "pass {pass}");
         assert!(
@@ -516,14 +527,16 @@ fn a_cache_hot_task_crosses_nodes_only_after_three_failed_passes() {
         );
     }
     let out = s
-        .cluster_balance(&rack_req(), Default::default(), Instant::now())
+        .cluster
+        .balance(&rack_req(), Default::default(), Instant::now())
         .unwrap();
     assert_eq!(out.proposals.len(), 1);
     assert!(out.proposals[0].forced_hot);
     assert_eq!(out.proposals[0].nr_balance_failed, 3);
     // Success resets the counter: the next pass refuses it again.
     let out = s
-        .cluster_balance(&rack_req(), Default::default(), Instant::now())
+        .cluster
+        .balance(&rack_req(), Default::default(), Instant::now())
         .unwrap();
     assert!(out.proposals.is_empty());
 }
@@ -533,17 +546,18 @@ fn a_bad_cluster_group_names_its_field() {
     let s = store();
     rack(&s, false, false);
     let err = |level: &str, group: &str| {
-        s.cluster_balance(
-            &ClusterBalanceRequest {
-                level: level.into(),
-                group: group.into(),
-                ..ClusterBalanceRequest::default()
-            },
-            Default::default(),
-            Instant::now(),
-        )
-        .unwrap_err()
-        .field
+        s.cluster
+            .balance(
+                &ClusterBalanceRequest {
+                    level: level.into(),
+                    group: group.into(),
+                    ..ClusterBalanceRequest::default()
+                },
+                Default::default(),
+                Instant::now(),
+            )
+            .unwrap_err()
+            .field
     };
     assert_eq!(err("row", "z1"), "cluster_level");
     assert_eq!(err("rack", "r1"), "cluster_group");
@@ -551,7 +565,8 @@ fn a_bad_cluster_group_names_its_field() {
     // A zone balance of z1: its one rack is its only child, holding both
     // nodes; b (idle) balances for it, a declines; no other group.
     let out = s
-        .cluster_balance(
+        .cluster
+        .balance(
             &ClusterBalanceRequest {
                 level: "zone".into(),
                 group: "z1".into(),
@@ -589,7 +604,10 @@ fn two_llcs() -> TopologySpec {
 /// `history` CPUs, which decides its preferred LLC.
 fn cache_node(history: &[u32]) -> (Store, Arc<Node>) {
     let s = store();
-    let (n, g) = s.register("c", vec![], "t".into(), two_llcs()).unwrap();
+    let (n, g) = s
+        .nodes
+        .register("c", vec![], "t".into(), two_llcs())
+        .unwrap();
     let t = |id, running| {
         let mut x = task(id, if running { 0 } else { 30_000_000 }, running);
         x.nr_threads = 4;
@@ -619,8 +637,8 @@ fn cache_node(history: &[u32]) -> (Store, Arc<Node>) {
         })
         .collect();
     let later = Instant::now() + Duration::from_millis(50);
-    s.apply(&n, g, &u, later).unwrap();
-    let scans = s.account(&n, &u.runtime, later);
+    s.nodes.apply(&n, g, &u, later).unwrap();
+    let scans = s.passes.account(&n, &u.runtime, later);
     assert_eq!(scans.len(), 1, "one task_cache_work pass for process 5");
     (s, n)
 }
@@ -634,7 +652,7 @@ fn cache_aware_balancing_pulls_a_thread_toward_its_preferred_llc() {
     // migrate_llc_task, imbalance 1; the source is the CPU with most such
     // tasks (CPU 4, 2); its tail task 52 prefers CPU 0's LLC: moves.
     let (s, n) = cache_node(&[0, 1, 2, 3]);
-    let c = s.cache_summary(&n, Instant::now());
+    let c = s.passes.cache_summary(&n, Instant::now());
     assert!(c.enabled);
     let p5 = c.procs.iter().find(|p| p.group == 5).unwrap();
     assert_eq!(p5.preferred_llc, Some(0));
@@ -642,7 +660,7 @@ fn cache_aware_balancing_pulls_a_thread_toward_its_preferred_llc() {
         dst_cpus: Some(CpuMask::from_cpus([0])),
         ..BalanceRequest::default()
     };
-    let out = s.balance(&n, &req, Instant::now());
+    let out = s.passes.balance(&n, &req, Instant::now());
     assert!(out.cache_aware);
     let got: Vec<_> = out
         .proposals
@@ -661,9 +679,10 @@ fn cache_aware_balancing_pulls_a_thread_toward_its_preferred_llc() {
     // With SCHED_CACHE off the same pass is ordinary balancing: sibling
     // imbalance 4 - 0 = 4, >> 1 = 2 tasks; CPU 4 gives its tail, then keeps
     // its last task (the destination is idle).
-    s.set_features(Some(&n), &[("SCHED_CACHE".into(), false)], false)
+    s.nodes
+        .set_features(Some(&n), &[("SCHED_CACHE".into(), false)], false)
         .unwrap();
-    let out = s.balance(&n, &req, Instant::now());
+    let out = s.passes.balance(&n, &req, Instant::now());
     assert!(!out.cache_aware);
     let got: Vec<_> = out
         .proposals
@@ -695,7 +714,7 @@ fn a_thread_is_not_pulled_off_its_preferred_llc_and_the_pass_is_not_a_failure() 
         dst_cpus: Some(CpuMask::from_cpus([0])),
         ..BalanceRequest::default()
     };
-    let out = s.balance(&n, &req, Instant::now());
+    let out = s.passes.balance(&n, &req, Instant::now());
     assert!(out.proposals.is_empty(), "{:?}", out.proposals);
     let named: Vec<(&str, u64)> = out.stats.rejection_counts().collect();
     assert!(named.contains(&("llc_pinned", 1)), "{named:?}");
@@ -704,7 +723,7 @@ fn a_thread_is_not_pulled_off_its_preferred_llc_and_the_pass_is_not_a_failure() 
     // cache-hot-style forgiveness (nr_balance_failed > cache_nice_tries)
     // never lets it through.
     for _ in 0..3 {
-        let out = s.balance(&n, &req, Instant::now());
+        let out = s.passes.balance(&n, &req, Instant::now());
         assert!(out.proposals.is_empty());
     }
 }
@@ -720,7 +739,7 @@ fn a_cpu_going_offline_drops_its_task_list() {
         1,
         vec![(0, vec![task(1, 0, true)]), (1, vec![task(2, 0, true)])],
     );
-    s.apply(&n, g, &u, Instant::now()).unwrap();
+    s.nodes.apply(&n, g, &u, Instant::now()).unwrap();
     let mut off = CpuState::idle(1024);
     off.online = false;
     let d = Update {
@@ -729,7 +748,7 @@ fn a_cpu_going_offline_drops_its_task_list() {
         cpus: vec![(1, off)],
         ..Update::default()
     };
-    s.apply(&n, g, &d, Instant::now()).unwrap();
+    s.nodes.apply(&n, g, &d, Instant::now()).unwrap();
     assert_eq!(ids(&n, 0), vec![1]);
     assert!(ids(&n, 1).is_empty());
 }
@@ -740,25 +759,29 @@ fn a_second_balance_of_the_same_node_does_not_wait() {
     // once (the service's ABORTED) and balance waits its turn.
     let s = Arc::new(store());
     let (n, g) = node(&s, "a", &[], 4);
-    s.apply(
-        &n,
-        g,
-        &full(4, 1, vec![(0, vec![task(1, 0, true)])]),
-        Instant::now(),
-    )
-    .unwrap();
+    s.nodes
+        .apply(
+            &n,
+            g,
+            &full(4, 1, vec![(0, vec![task(1, 0, true)])]),
+            Instant::now(),
+        )
+        .unwrap();
     assert!(
-        s.try_balance(&n, &BalanceRequest::default(), Instant::now())
+        s.passes
+            .try_balance(&n, &BalanceRequest::default(), Instant::now())
             .is_some()
     );
     let held = n.hold_balancer_for_test();
     assert!(
-        s.try_balance(&n, &BalanceRequest::default(), Instant::now())
+        s.passes
+            .try_balance(&n, &BalanceRequest::default(), Instant::now())
             .is_none()
     );
     drop(held);
     assert!(
-        s.try_balance(&n, &BalanceRequest::default(), Instant::now())
+        s.passes
+            .try_balance(&n, &BalanceRequest::default(), Instant::now())
             .is_some()
     );
 }

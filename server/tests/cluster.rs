@@ -8,7 +8,7 @@ use fairplace::engine::group::GroupType;
 use fairplace::engine::group::NodeAgg;
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
-use fairplace::store::cluster::ClusterRequest;
+use fairplace::store::hierarchy::ClusterRequest;
 use fairplace::store::{Store, StoreConfig, Update};
 use proptest::prelude::*;
 
@@ -47,7 +47,10 @@ fn node(s: &Store, id: &str, zone: &str, rack: &str, cpus: u32, nbusy: u32) {
     if !rack.is_empty() {
         labels.push(("rack".to_string(), rack.to_string()));
     }
-    let (n, g) = s.register(id, labels, "t".into(), spec(cpus)).unwrap();
+    let (n, g) = s
+        .nodes
+        .register(id, labels, "t".into(), spec(cpus))
+        .unwrap();
     let u = Update {
         seq: 1,
         full: true,
@@ -65,13 +68,13 @@ fn node(s: &Store, id: &str, zone: &str, rack: &str, cpus: u32, nbusy: u32) {
             .collect(),
         ..Update::default()
     };
-    s.apply(&n, g, &u, Instant::now()).unwrap();
+    s.nodes.apply(&n, g, &u, Instant::now()).unwrap();
 }
 
 fn pick(s: &Store, req: &ClusterRequest) -> Option<String> {
     let all = CpuMask::first_n(4096);
-    let a = s.cluster_pick(req, &all).map(|c| c.node);
-    let b = s.naive_cluster_pick(req, &all).map(|c| c.node);
+    let a = s.cluster.pick(req, &all).map(|c| c.node);
+    let b = s.cluster.naive_pick(req, &all).map(|c| c.node);
     assert_eq!(a, b, "incremental and naive disagree");
     a
 }
@@ -95,6 +98,7 @@ fn spare_capacity_beats_an_overloaded_group() {
     // on paper after its overload is counted... b runs 3 tasks per CPU.
     node(&s, "a1", "a", "", 4, 3);
     let (n, g) = s
+        .nodes
         .register("b1", vec![("zone".into(), "b".into())], "t".into(), spec(4))
         .unwrap();
     let mut over = busy(3000);
@@ -106,7 +110,7 @@ fn spare_capacity_beats_an_overloaded_group() {
         cpus: (0..4).map(|i| (i, over)).collect(),
         ..Update::default()
     };
-    s.apply(&n, g, &u, Instant::now()).unwrap();
+    s.nodes.apply(&n, g, &u, Instant::now()).unwrap();
     let b = n.snapshot().agg;
     assert_eq!(b.stats(125).group_type, GroupType::Overloaded);
     assert_eq!(pick(&s, &ClusterRequest::default()).as_deref(), Some("a1"));
@@ -136,7 +140,7 @@ fn the_numa_style_allowance_keeps_a_fork_near_its_parent() {
         ..ClusterRequest::default()
     };
     assert_eq!(pick(&s, &from_a).as_deref(), Some("a1"));
-    let c = s.cluster_pick(&from_a, &CpuMask::first_n(4096)).unwrap();
+    let c = s.cluster.pick(&from_a, &CpuMask::first_n(4096)).unwrap();
     assert_eq!(c.level, "none");
     // Without an origin there is no local group: the idlest, b1.
     assert_eq!(pick(&s, &ClusterRequest::default()).as_deref(), Some("b1"));
@@ -144,7 +148,7 @@ fn the_numa_style_allowance_keeps_a_fork_near_its_parent() {
     // difference (14 against 16) sends the task to zone b.
     node(&s, "a1", "a", "r", 16, 2);
     assert_eq!(pick(&s, &from_a).as_deref(), Some("b1"));
-    let c = s.cluster_pick(&from_a, &CpuMask::first_n(4096)).unwrap();
+    let c = s.cluster.pick(&from_a, &CpuMask::first_n(4096)).unwrap();
     assert_eq!(c.level, "zone");
 }
 
@@ -160,11 +164,12 @@ fn affinity_only_one_node_can_satisfy() {
     };
     let allowed = CpuMask::from_cpus([20]);
     assert_eq!(
-        s.cluster_pick(&req, &allowed).map(|c| c.node).as_deref(),
+        s.cluster.pick(&req, &allowed).map(|c| c.node).as_deref(),
         Some("big")
     );
     assert_eq!(
-        s.naive_cluster_pick(&req, &allowed)
+        s.cluster
+            .naive_pick(&req, &allowed)
             .map(|c| c.node)
             .as_deref(),
         Some("big")
@@ -174,7 +179,7 @@ fn affinity_only_one_node_can_satisfy() {
         first_allowed_cpu: 40,
         ..ClusterRequest::default()
     };
-    assert_eq!(s.cluster_pick(&req, &CpuMask::from_cpus([40])), None);
+    assert_eq!(s.cluster.pick(&req, &CpuMask::from_cpus([40])), None);
 }
 
 #[test]
@@ -201,8 +206,8 @@ fn stale_nodes_are_never_chosen_and_leave_the_sums() {
     node(&s, "new", "b", "r", 8, 7);
     // "old" is idler but stale: its agent stopped reporting.
     assert_eq!(pick(&s, &ClusterRequest::default()).as_deref(), Some("new"));
-    assert_eq!(s.uncount_stale(Instant::now()), 1);
-    assert_eq!(s.cluster.total().nodes, 1);
+    assert_eq!(s.nodes.uncount_stale(Instant::now()), 1);
+    assert_eq!(s.cluster.hierarchy.total().nodes, 1);
     assert_eq!(pick(&s, &ClusterRequest::default()).as_deref(), Some("new"));
 }
 
@@ -215,13 +220,15 @@ fn a_node_leaving_mid_run_leaves_its_groups() {
     };
     let s = Store::new(cfg);
     node(&s, "n1", "a", "r", 8, 0);
-    let n1 = s.get("n1").unwrap();
-    s.disconnect(&n1, n1.generation.load(std::sync::atomic::Ordering::SeqCst));
+    let n1 = s.nodes.get("n1").unwrap();
+    s.nodes
+        .disconnect(&n1, n1.generation.load(std::sync::atomic::Ordering::SeqCst));
     std::thread::sleep(Duration::from_millis(5));
-    assert_eq!(s.forget_stale(Instant::now()), 1);
-    assert_eq!(s.cluster.total().nodes, 0);
+    assert_eq!(s.nodes.forget_stale(Instant::now()), 1);
+    assert_eq!(s.cluster.hierarchy.total().nodes, 0);
     assert_eq!(
-        s.cluster_pick(&ClusterRequest::default(), &CpuMask::first_n(64)),
+        s.cluster
+            .pick(&ClusterRequest::default(), &CpuMask::first_n(64)),
         None
     );
 }
@@ -230,7 +237,7 @@ fn a_node_leaving_mid_run_leaves_its_groups() {
 fn node_aggregates_sum_the_online_cpus() {
     let s = Store::new(StoreConfig::default());
     node(&s, "n", "a", "r", 4, 2);
-    let a: NodeAgg = s.get("n").unwrap().snapshot().agg;
+    let a: NodeAgg = s.nodes.get("n").unwrap().snapshot().agg;
     assert_eq!(
         (
             a.sum.cpus,
@@ -242,7 +249,7 @@ fn node_aggregates_sum_the_online_cpus() {
         ),
         (4, 2, 2, 1800, 4096, 4)
     );
-    assert_eq!(s.cluster.total().agg(), a);
+    assert_eq!(s.cluster.hierarchy.total().agg(), a);
 }
 
 /// A generated node: id, labels, CPU count.
@@ -275,8 +282,8 @@ proptest! {
         };
         let mut gens = vec![];
         for ((id, labels, cpus), (_, _, _, seed)) in names.iter().zip(&nodes) {
-            let (n, g) = s.register(id, labels.clone(), "t".into(), spec(*cpus)).unwrap();
-            s.apply(&n, g, &Update { seq: 1, full: true, cpus: state(*cpus, *seed), ..Update::default() }, Instant::now()).unwrap();
+            let (n, g) = s.nodes.register(id, labels.clone(), "t".into(), spec(*cpus)).unwrap();
+            s.nodes.apply(&n, g, &Update { seq: 1, full: true, cpus: state(*cpus, *seed), ..Update::default() }, Instant::now()).unwrap();
             gens.push((n, g, 1u64));
         }
         for (which, seed) in reports {
@@ -284,17 +291,17 @@ proptest! {
             let (n, g, seq) = &mut gens[k];
             *seq += 1;
             let cpus = names[k].2;
-            s.apply(n, *g, &Update { seq: *seq, full: true, cpus: state(cpus, seed), ..Update::default() }, Instant::now()).unwrap();
+            s.nodes.apply(n, *g, &Update { seq: *seq, full: true, cpus: state(cpus, seed), ..Update::default() }, Instant::now()).unwrap();
             for (first, origin, select) in &reqs {
                 let origin = origin.as_ref().map(|o| {
                     let (id, labels, _) = &names[o.index(names.len())];
-                    (s.cluster.path(labels), id.clone())
+                    (s.cluster.hierarchy.path(labels), id.clone())
                 });
                 let selector = if *select { vec![("zone".to_string(), "z1".to_string())] } else { vec![] };
                 let req = ClusterRequest { first_allowed_cpu: *first, origin, selector };
                 let allowed = CpuMask::from_cpus(*first..64);
-                let a = s.cluster_pick(&req, &allowed);
-                let b = s.naive_cluster_pick(&req, &allowed);
+                let a = s.cluster.pick(&req, &allowed);
+                let b = s.cluster.naive_pick(&req, &allowed);
                 prop_assert_eq!(a, b);
             }
         }

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fairplace::convert;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
-use fairplace::service::convert;
 use fairplace::store::{Node, Reject, Store, StoreConfig};
 use fairplace_proto::v1 as pb;
 
@@ -29,7 +29,9 @@ fn spec() -> TopologySpec {
 }
 
 fn node(s: &Store) -> (Arc<Node>, u64) {
-    s.register("n", Vec::new(), "test".into(), spec()).unwrap()
+    s.nodes
+        .register("n", Vec::new(), "test".into(), spec())
+        .unwrap()
 }
 
 fn cpu(id: u32, cookie: u64) -> pb::CpuState {
@@ -57,7 +59,7 @@ fn apply(
         ..Default::default()
     };
     let u = convert::update(&u, &n.spec).map_err(Reject::Invalid)?;
-    s.apply(n, g, &u, Instant::now())
+    s.nodes.apply(n, g, &u, Instant::now())
 }
 
 fn cookies(n: &Node) -> Vec<u64> {

@@ -85,7 +85,7 @@ proptest! {
         };
         let n = spec.cpus.len() as u32;
         let store = Store::new(StoreConfig::default());
-        let (node, g) = store.register("n", vec![], "t".into(), spec).unwrap();
+        let (node, g) = store.nodes.register("n", vec![], "t".into(), spec).unwrap();
         let mut x = seed | 1;
         let full = Update {
             seq: 1,
@@ -93,7 +93,7 @@ proptest! {
             cpus: (0..n).map(|i| (i, cpu_state(lcg(&mut x)))).collect(),
             ..Update::default()
         };
-        store.apply(&node, g, &full, Instant::now()).unwrap();
+        store.nodes.apply(&node, g, &full, Instant::now()).unwrap();
         for r in 0..reports {
             // A delta of a few CPUs; sometimes one goes offline or back.
             let k = 1 + lcg(&mut x) % 4;
@@ -110,10 +110,10 @@ proptest! {
                 cpus.push((i, c));
             }
             let u = Update { seq: 2 + r as u64, full: false, cpus, ..Update::default() };
-            let _ = store.apply(&node, g, &u, Instant::now());
+            let _ = store.nodes.apply(&node, g, &u, Instant::now());
             if lcg(&mut x).is_multiple_of(3) {
                 let v = node.snapshot().version;
-                store.try_claim(&node, v, (lcg(&mut x) % n as u64) as usize, Instant::now());
+                store.nodes.try_claim(&node, v, (lcg(&mut x) % n as u64) as usize, Instant::now());
             }
             let snap = node.snapshot();
             let f = Features { util_est: !lcg(&mut x).is_multiple_of(4), ..snap.features };

@@ -271,15 +271,17 @@ fn a_node_registered_with_6_12_decides_with_the_profile() {
     };
     let store = Store::new(StoreConfig::default());
     let (node, _) = store
+        .nodes
         .register("n", vec![], "t".into(), spec.clone())
         .unwrap();
     assert_eq!(node.snapshot().features.kernel, Kernel::Mainline);
-    store.set_kernel(&node, Kernel::V6_12);
+    store.nodes.set_kernel(&node, Kernel::V6_12);
     let f = node.snapshot().features;
     assert_eq!(f.kernel, Kernel::V6_12);
     assert!(!f.skip_sched_idle_for_idle_task && !f.exec_bound_fast_path);
     // A node override of a switch survives the profile's default.
     store
+        .nodes
         .set_features(
             Some(&node),
             &[("EXEC_BOUND_FAST_PATH".to_string(), true)],
@@ -290,6 +292,6 @@ fn a_node_registered_with_6_12_decides_with_the_profile() {
     assert!(f.exec_bound_fast_path && !f.skip_sched_idle_for_idle_task);
     assert_eq!(f.kernel, Kernel::V6_12);
     // Back to mainline: the kernel's defaults again.
-    store.set_kernel(&node, Kernel::Mainline);
+    store.nodes.set_kernel(&node, Kernel::Mainline);
     assert!(node.snapshot().features.skip_sched_idle_for_idle_task);
 }

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
-use fairplace::service::heavy::HeavyPool;
-use fairplace::service::identity::{Caller, Identity, Role};
+use fairplace::identity::{Caller, Identity, Role};
+use fairplace::service::cpu_pool::CpuPool;
 use fairplace::service::lease_hub::LeaseHub;
 use fairplace::service::placement::Placement;
 use fairplace::store::leases::log::redb::RedbLog;
@@ -67,10 +67,10 @@ fn open_with(dir: &Dir, config: StoreConfig) -> Placement {
         },
         log,
     ));
-    store.load_leases(Instant::now()).unwrap();
+    store.leases.load_leases(Instant::now()).unwrap();
     Placement {
         store,
-        heavy: HeavyPool::new(1, 4),
+        heavy: CpuPool::new(1, 4),
         hub: Arc::new(LeaseHub::default()),
         replicated: None,
         stopping: tokio::sync::watch::channel(false).1,
@@ -78,14 +78,18 @@ fn open_with(dir: &Dir, config: StoreConfig) -> Placement {
 }
 
 fn register(p: &Placement, id: &str) {
-    let (node, g) = p.store.register(id, vec![], "t".into(), spec()).unwrap();
+    let (node, g) = p
+        .store
+        .nodes
+        .register(id, vec![], "t".into(), spec())
+        .unwrap();
     let u = Update {
         seq: 1,
         full: true,
         cpus: (0..8).map(|i| (i, CpuState::idle(1024))).collect(),
         ..Update::default()
     };
-    p.store.apply(&node, g, &u, Instant::now()).unwrap();
+    p.store.nodes.apply(&node, g, &u, Instant::now()).unwrap();
 }
 
 fn who(role: Role, name: &str) -> Caller {
@@ -132,7 +136,7 @@ async fn a_grant_outlives_its_store_with_its_id_owner_holder_and_cpus() {
     // A new store on the same directory: the leases are parked until the
     // node registers, and their owner can renew them meanwhile.
     let p = open(&dir);
-    assert_eq!(p.store.leases_outstanding(), (2, 3));
+    assert_eq!(p.store.leases.leases_outstanding(), (2, 3));
     let renewed = p
         .renew_lease(as_caller(
             pb::RenewLeaseRequest {
@@ -145,9 +149,10 @@ async fn a_grant_outlives_its_store_with_its_id_owner_holder_and_cpus() {
         .unwrap();
     assert_eq!(renewed.into_inner().ttl_ms, 90_000);
     register(&p, "a");
-    let node = p.store.get("a").unwrap();
+    let node = p.store.nodes.get("a").unwrap();
     let mut got: Vec<(u64, String, String, String)> = p
         .store
+        .leases
         .leases_of(&node)
         .iter()
         .map(|l| (l.id, l.cpus.to_string(), l.holder.clone(), l.owner.clone()))
@@ -182,9 +187,10 @@ async fn a_grant_outlives_its_store_with_its_id_owner_holder_and_cpus() {
     drop(p);
     let p = open(&dir);
     register(&p, "a");
-    let node = p.store.get("a").unwrap();
+    let node = p.store.nodes.get("a").unwrap();
     let l = p
         .store
+        .leases
         .leases_of(&node)
         .into_iter()
         .find(|l| l.id == a.lease_id)
@@ -209,22 +215,23 @@ async fn leases_loaded_at_start_get_their_whole_ttl_again_whatever_the_wall_cloc
     let log = RedbLog::open(&dir.0).unwrap();
     let store = Arc::new(Store::with_log(StoreConfig::default(), Arc::new(log)));
     let t0 = Instant::now();
-    let loaded = store.load_leases(t0).unwrap();
+    let loaded = store.leases.load_leases(t0).unwrap();
     assert_eq!(loaded.loaded, 2);
     assert!(
-        fairplace::store::leases::settle::expire(&store, t0)
+        fairplace::store::leases::settle::expire(&store.leases, t0)
             .await
             .is_empty(),
         "nothing ends at load"
     );
     // Its TTL from the load on: then it expires, and is deleted from the log.
     let ended =
-        fairplace::store::leases::settle::expire(&store, t0 + Duration::from_millis(60)).await;
+        fairplace::store::leases::settle::expire(&store.leases, t0 + Duration::from_millis(60))
+            .await;
     assert_eq!(ended.len(), 1);
     drop(store);
     let log = RedbLog::open(&dir.0).unwrap();
     let store = Store::with_log(StoreConfig::default(), Arc::new(log));
-    assert_eq!(store.load_leases(Instant::now()).unwrap().loaded, 1);
+    assert_eq!(store.leases.load_leases(Instant::now()).unwrap().loaded, 1);
 }
 
 #[tokio::test]
@@ -268,8 +275,8 @@ async fn only_the_owner_or_an_admin_renews_or_releases() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied);
-    let node = p.store.get("a").unwrap();
-    let kept = p.store.leases_of(&node);
+    let node = p.store.nodes.get("a").unwrap();
+    let kept = p.store.leases.leases_of(&node);
     assert_eq!(kept.len(), 1);
     assert_eq!(
         kept[0].ttl,
@@ -287,7 +294,7 @@ async fn only_the_owner_or_an_admin_renews_or_releases() {
     .await
     .unwrap();
     release(&p, &admin, l.lease_id).await;
-    assert_eq!(p.store.leases_outstanding(), (0, 0));
+    assert_eq!(p.store.leases.leases_outstanding(), (0, 0));
 }
 
 #[tokio::test]
@@ -327,7 +334,7 @@ async fn ids_are_random_and_a_guessed_id_is_not_found_and_changes_nothing() {
             .unwrap_err();
         assert_eq!(e.code(), Code::NotFound, "{guess}");
     }
-    assert_eq!(p.store.leases_outstanding(), (1, 2));
+    assert_eq!(p.store.leases.leases_outstanding(), (1, 2));
 }
 
 /// A lease as an agent's checkpoint reports it.
@@ -355,8 +362,8 @@ async fn an_agents_lease_the_server_lost_is_adopted_durably_when_it_conflicts_wi
     {
         let p = open(&dir);
         register(&p, "a");
-        let node = p.store.get("a").unwrap();
-        let r = p.store.reconcile_leases(
+        let node = p.store.nodes.get("a").unwrap();
+        let r = p.store.leases.reconcile_leases(
             &node,
             &[held(77_000_000_001, "3", now - 5_000, now + 60_000)],
         );
@@ -364,12 +371,12 @@ async fn an_agents_lease_the_server_lost_is_adopted_durably_when_it_conflicts_wi
         assert!(r.release_on_node.is_empty());
         // Pending until its commit is acknowledged: its CPU held, not shown.
         assert_eq!(node.snapshot().state.cpus[3].nr_running, 1);
-        assert!(p.store.leases_of(&node).is_empty());
+        assert!(p.store.leases.leases_of(&node).is_empty());
         r.commit.unwrap().wait().await.unwrap();
-        assert!(p.store.grant_settled(77_000_000_001, true).is_some());
-        assert_eq!(p.store.leases_of(&node).len(), 1);
+        assert!(p.store.leases.grant_settled(77_000_000_001, true).is_some());
+        assert_eq!(p.store.leases.leases_of(&node).len(), 1);
         // Reported again (the agent restarted): kept.
-        let r = p.store.reconcile_leases(
+        let r = p.store.leases.reconcile_leases(
             &node,
             &[held(77_000_000_001, "3", now - 5_000, now + 60_000)],
         );
@@ -381,9 +388,10 @@ async fn an_agents_lease_the_server_lost_is_adopted_durably_when_it_conflicts_wi
     // Adopted durably: the next store has it.
     let p = open(&dir);
     register(&p, "a");
-    let node = p.store.get("a").unwrap();
+    let node = p.store.nodes.get("a").unwrap();
     assert!(
         p.store
+            .leases
             .leases_of(&node)
             .iter()
             .any(|l| l.id == 77_000_000_001)
@@ -397,8 +405,8 @@ async fn of_two_conflicting_leases_the_servers_committed_one_wins_whichever_was_
     register(&p, "a");
     let o = who(Role::Orchestrator, "o");
     let server = alloc(&p, &o, 2, 60_000).await;
-    let node = p.store.get("a").unwrap();
-    let granted = p.store.leases_of(&node)[0].granted_at_ms;
+    let node = p.store.nodes.get("a").unwrap();
+    let granted = p.store.leases.leases_of(&node)[0].granted_at_ms;
     let cpu = mask(&server.cpus)[0].to_string();
     // The agent's lease on the same CPU, granted after the server's and
     // before it: either way the server's lease is the committed one (the
@@ -407,10 +415,17 @@ async fn of_two_conflicting_leases_the_servers_committed_one_wins_whichever_was_
         let id = 88_000_000_001 + i as u64;
         let r = p
             .store
+            .leases
             .reconcile_leases(&node, &[held(id, &cpu, at, granted + 60_000)]);
         assert_eq!((r.adopted, r.conflicts), (0, 1), "granted at {at}");
         assert_eq!(r.release_on_node, vec![id]);
-        let ids: Vec<u64> = p.store.leases_of(&node).iter().map(|l| l.id).collect();
+        let ids: Vec<u64> = p
+            .store
+            .leases
+            .leases_of(&node)
+            .iter()
+            .map(|l| l.id)
+            .collect();
         assert_eq!(ids, vec![server.lease_id]);
     }
     p.release_cpus(as_caller(
@@ -444,8 +459,8 @@ async fn expired_foreign_and_impossible_reports_are_released_on_the_node() {
         .await
         .unwrap()
         .into_inner();
-    let node = p.store.get("a").unwrap();
-    let r = p.store.reconcile_leases(
+    let node = p.store.nodes.get("a").unwrap();
+    let r = p.store.leases.reconcile_leases(
         &node,
         &[
             held(1_000_000_001, "0", now - 90_000, now - 1),
@@ -460,10 +475,10 @@ async fn expired_foreign_and_impossible_reports_are_released_on_the_node() {
     let mut want = vec![1_000_000_001, on_b.lease_id, 1_000_000_003, 1_000_000_004];
     want.sort();
     assert_eq!(dropped, want);
-    assert!(p.store.leases_of(&node).is_empty());
+    assert!(p.store.leases.leases_of(&node).is_empty());
     // Node b's lease is untouched.
-    let b = p.store.get("b").unwrap();
-    assert_eq!(p.store.leases_of(&b).len(), 1);
+    let b = p.store.nodes.get("b").unwrap();
+    assert_eq!(p.store.leases.leases_of(&b).len(), 1);
 }
 
 #[tokio::test]
@@ -471,7 +486,7 @@ async fn a_reported_lease_with_fields_no_grant_carries_is_released_not_stored() 
     let dir = Dir::new("unfit");
     let p = open(&dir);
     register(&p, "a");
-    let node = p.store.get("a").unwrap();
+    let node = p.store.nodes.get("a").unwrap();
     let now = unix_ms_now();
     let grant = |id: u64, holder: usize, cgroup: &str| pb::LeaseGrant {
         lease_id: id,
@@ -496,7 +511,13 @@ async fn a_reported_lease_with_fields_no_grant_carries_is_released_not_stored() 
     let mut dropped = fairplace::service::allocate::reconcile(&p.store, &sink, &node, &held).await;
     dropped.sort();
     assert_eq!(dropped, vec![5_000_000_001, 5_000_000_002]);
-    let kept: Vec<u64> = p.store.leases_of(&node).iter().map(|l| l.id).collect();
+    let kept: Vec<u64> = p
+        .store
+        .leases
+        .leases_of(&node)
+        .iter()
+        .map(|l| l.id)
+        .collect();
     assert_eq!(kept, vec![5_000_000_003], "the well-formed one is adopted");
 }
 
@@ -505,7 +526,7 @@ async fn a_node_replaced_by_another_topology_keeps_its_leases_and_its_old_object
     let dir = Dir::new("retired");
     let p = open(&dir);
     register(&p, "a");
-    let old = p.store.get("a").unwrap();
+    let old = p.store.nodes.get("a").unwrap();
     let o = who(Role::Orchestrator, "o");
     let kept = alloc(&p, &o, 1, 60_000).await;
     // The agent comes back with another topology: four CPUs, one LLC.
@@ -513,10 +534,19 @@ async fn a_node_replaced_by_another_topology_keeps_its_leases_and_its_old_object
         cpus: spec().cpus.into_iter().take(4).collect(),
         numa_distance: None,
     };
-    p.store.register("a", vec![], "t".into(), four).unwrap();
-    let new = p.store.get("a").unwrap();
+    p.store
+        .nodes
+        .register("a", vec![], "t".into(), four)
+        .unwrap();
+    let new = p.store.nodes.get("a").unwrap();
     assert!(!Arc::ptr_eq(&old, &new));
-    let ids: Vec<u64> = p.store.leases_of(&new).iter().map(|l| l.id).collect();
+    let ids: Vec<u64> = p
+        .store
+        .leases
+        .leases_of(&new)
+        .iter()
+        .map(|l| l.id)
+        .collect();
     assert_eq!(
         ids,
         vec![kept.lease_id],
@@ -524,24 +554,27 @@ async fn a_node_replaced_by_another_topology_keeps_its_leases_and_its_old_object
         kept.cpus
     );
     // A caller still holding the old node object gets nothing from it.
-    let r = p.store.allocate_locked(&old, Instant::now(), |_, _| {
-        Ok::<_, fairplace::engine::alloc::NoRoom>((
-            (),
-            fairplace::store::NewLease {
-                cpus: fairplace::engine::cpumask::CpuMask::first_n(1),
-                policy: "kernel".into(),
-                holder: "stale".into(),
-                owner: "anonymous".into(),
-                ttl: Duration::from_secs(60),
-                target: None,
-                request_id: String::new(),
-            },
-        ))
-    });
+    let r = p
+        .store
+        .leases
+        .allocate_locked(&old, Instant::now(), |_, _| {
+            Ok::<_, fairplace::engine::alloc::NoRoom>((
+                (),
+                fairplace::store::NewLease {
+                    cpus: fairplace::engine::cpumask::CpuMask::first_n(1),
+                    policy: "kernel".into(),
+                    holder: "stale".into(),
+                    owner: "anonymous".into(),
+                    ttl: Duration::from_secs(60),
+                    target: None,
+                    request_id: String::new(),
+                },
+            ))
+        });
     let e = r.err().expect("the retired node granted a lease");
     assert_eq!(e.reason, "node");
     assert!(e.message.starts_with("node_id:"), "{}", e.message);
-    assert_eq!(p.store.leases_outstanding(), (1, 1));
+    assert_eq!(p.store.leases.leases_outstanding(), (1, 1));
 }
 
 /// ReleaseCpus by `c`, which must succeed.
@@ -666,7 +699,7 @@ async fn a_caller_is_held_to_its_leased_cpus_and_to_the_longest_ttl() {
         .await
         .unwrap();
     assert_eq!(d.ttl_ms, 10_000);
-    assert_eq!(p.store.leases_outstanding(), (3, 4));
+    assert_eq!(p.store.leases.leases_outstanding(), (3, 4));
 }
 
 #[tokio::test]
@@ -677,26 +710,30 @@ async fn a_lease_released_while_its_agent_was_away_is_not_brought_back_by_it() {
         let p = open(&dir);
         register(&p, "a");
         let l = alloc(&p, &o, 1, 60_000).await;
-        let node = p.store.get("a").unwrap();
-        let copy = p.store.leases_of(&node)[0].record("a");
+        let node = p.store.nodes.get("a").unwrap();
+        let copy = p.store.leases.leases_of(&node)[0].record("a");
         release(&p, &o, l.lease_id).await;
         // The agent missed the release and reports the lease it still holds.
-        let r = p.store.reconcile_leases(&node, std::slice::from_ref(&copy));
+        let r = p
+            .store
+            .leases
+            .reconcile_leases(&node, std::slice::from_ref(&copy));
         assert_eq!((r.adopted, r.conflicts), (0, 1));
         assert_eq!(r.release_on_node, vec![l.lease_id]);
-        assert!(p.store.leases_of(&node).is_empty());
+        assert!(p.store.leases.leases_of(&node).is_empty());
         copy
     };
     // The tombstone is durable: a restarted server refuses it too.
     let p = open(&dir);
     register(&p, "a");
-    let node = p.store.get("a").unwrap();
+    let node = p.store.nodes.get("a").unwrap();
     let r = p
         .store
+        .leases
         .reconcile_leases(&node, std::slice::from_ref(&held_copy));
     assert_eq!(r.adopted, 0);
     assert_eq!(r.release_on_node, vec![held_copy.id]);
-    assert_eq!(p.store.leases_outstanding(), (0, 0));
+    assert_eq!(p.store.leases.leases_outstanding(), (0, 0));
 }
 
 #[tokio::test]
@@ -720,7 +757,7 @@ async fn tombstones_leave_the_lease_store_once_past_the_expiry_they_kept() {
         }
         // Past the short lease's expiry and the pruning interval.
         std::thread::sleep(Duration::from_millis(1_300));
-        fairplace::store::leases::settle::expire(&p.store, Instant::now()).await;
+        fairplace::store::leases::settle::expire(&p.store.leases, Instant::now()).await;
         long.lease_id
     };
     let stored = RedbLog::open(&dir.0).unwrap().load().unwrap();
@@ -750,8 +787,14 @@ async fn two_stored_leases_on_one_cpu_are_both_kept_and_their_cpu_granted_to_nob
     }
     let p = open(&dir);
     register(&p, "a");
-    let node = p.store.get("a").unwrap();
-    let mut ids: Vec<u64> = p.store.leases_of(&node).iter().map(|l| l.id).collect();
+    let node = p.store.nodes.get("a").unwrap();
+    let mut ids: Vec<u64> = p
+        .store
+        .leases
+        .leases_of(&node)
+        .iter()
+        .map(|l| l.id)
+        .collect();
     ids.sort();
     assert_eq!(ids, vec![91_000_000_001, 91_000_000_002]);
     let e = p

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use fairplace::engine::state::CpuState;
 use fairplace::engine::topology::{CpuTopo, TopologySpec};
-use fairplace::service::heavy::HeavyPool;
+use fairplace::service::cpu_pool::CpuPool;
 use fairplace::service::lease_hub::LeaseHub;
 use fairplace::service::placement::Placement;
 use fairplace::store::{
@@ -129,17 +129,20 @@ fn rig(n: u32) -> (Placement, Arc<Scripted>) {
         },
         Arc::new(Shared(Arc::clone(&log))),
     ));
-    let (node, g) = store.register("a", vec![], "t".into(), spec(n)).unwrap();
+    let (node, g) = store
+        .nodes
+        .register("a", vec![], "t".into(), spec(n))
+        .unwrap();
     let u = Update {
         seq: 1,
         full: true,
         cpus: (0..n).map(|i| (i, CpuState::idle(1024))).collect(),
         ..Update::default()
     };
-    store.apply(&node, g, &u, Instant::now()).unwrap();
+    store.nodes.apply(&node, g, &u, Instant::now()).unwrap();
     let p = Placement {
         store,
-        heavy: HeavyPool::new(1, 4),
+        heavy: CpuPool::new(1, 4),
         hub: Arc::new(LeaseHub::default()),
         replicated: None,
         stopping: tokio::sync::watch::channel(false).1,
@@ -188,8 +191,13 @@ async fn renew(
 
 /// The leases GetNode shows on node "a" (the committed ones).
 async fn shown(p: &Placement) -> Vec<u64> {
-    let node = p.store.get("a").unwrap();
-    p.store.leases_of(&node).iter().map(|l| l.id).collect()
+    let node = p.store.nodes.get("a").unwrap();
+    p.store
+        .leases
+        .leases_of(&node)
+        .iter()
+        .map(|l| l.id)
+        .collect()
 }
 
 /// Polls until `f` holds (the settler runs on its own task), at most 5 s.
@@ -222,7 +230,7 @@ async fn a_release_whose_answer_is_lost_frees_nothing_until_its_end_is_settled()
     // The store comes back: the settler writes the end again.
     log.set(Mode::Ok);
     until("the end settles", || {
-        p.store.lease_node(l3.lease_id).is_none()
+        p.store.leases.lease_node(l3.lease_id).is_none()
     })
     .await;
     assert!(!log.holds(l3.lease_id));
@@ -251,7 +259,7 @@ async fn a_retried_release_of_an_ending_lease_answers_ok_once_committed() {
         Err(e) => assert_eq!(e.code(), Code::NotFound, "{e:?}"),
     }
     until("the end settles", || {
-        p.store.lease_node(l.lease_id).is_none()
+        p.store.leases.lease_node(l.lease_id).is_none()
     })
     .await;
     assert!(shown(&p).await.is_empty());
@@ -278,7 +286,7 @@ async fn a_grant_whose_answer_is_lost_without_a_request_id_is_ended_for_certain(
     );
     log.set(Mode::Ok);
     until("the grant is settled back", || {
-        p.store.leases_outstanding() == (0, 0)
+        p.store.leases.leases_outstanding() == (0, 0)
     })
     .await;
     assert!(log.records.lock().unwrap().is_empty());
@@ -310,7 +318,11 @@ async fn a_retried_grant_with_its_request_id_gets_the_first_grant_and_no_second_
         (twice.lease_id, twice.cpus.clone()),
         (first, again.cpus.clone())
     );
-    assert_eq!(p.store.leases_outstanding(), (1, 2), "one lease, not two");
+    assert_eq!(
+        p.store.leases.leases_outstanding(),
+        (1, 2),
+        "one lease, not two"
+    );
     assert_eq!(shown(&p).await, vec![first]);
     // The same id asking for something else is refused by name.
     let e = allocate(&p, all(3, "job-7")).await.unwrap_err();
@@ -333,7 +345,7 @@ async fn a_renewal_extends_nothing_until_committed() {
     log.set(Mode::Lost(false));
     let e = renew(&p, l.lease_id, 30_000).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable);
-    let (_, mem) = p.store.lease(l.lease_id).unwrap();
+    let (_, mem) = p.store.leases.lease(l.lease_id).unwrap();
     assert_eq!(
         mem.ttl,
         Duration::from_millis(1_000),
@@ -342,16 +354,19 @@ async fn a_renewal_extends_nothing_until_committed() {
     // Past its old expiry, with the renewal unsettled: it does not end.
     let later = Instant::now() + Duration::from_secs(2);
     assert!(
-        fairplace::store::leases::settle::expire(&p.store, later)
+        fairplace::store::leases::settle::expire(&p.store.leases, later)
             .await
             .is_empty()
     );
     log.set(Mode::Ok);
     until("the renewal settles", || {
-        p.store.lease(l.lease_id).is_some_and(|(_, x)| !x.busy)
+        p.store
+            .leases
+            .lease(l.lease_id)
+            .is_some_and(|(_, x)| !x.busy)
     })
     .await;
-    let (_, mem) = p.store.lease(l.lease_id).unwrap();
+    let (_, mem) = p.store.leases.lease(l.lease_id).unwrap();
     assert_eq!(mem.ttl, Duration::from_secs(30));
     assert_eq!(log.records.lock().unwrap()[&l.lease_id].ttl_ms, 30_000);
 }
@@ -366,7 +381,7 @@ async fn a_refused_commit_is_certain_and_undone_at_once() {
         allocate(&p, all(2, "")).await.unwrap_err().code(),
         Code::Unavailable
     );
-    assert_eq!(p.store.leases_outstanding(), (0, 0));
+    assert_eq!(p.store.leases.leases_outstanding(), (0, 0));
     log.set(Mode::Ok);
     let l = allocate(&p, all(2, "")).await.unwrap();
     log.set(Mode::Refuse);

@@ -23,7 +23,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use clap::{Parser, Subcommand};
-use fairplace::service::identity::Caller;
+use fairplace::identity::Caller;
 use fairplace_benches::load::{self, pick_cpu, ping_answer};
 use fairplace_proto::codec::frame;
 use fairplace_proto::v1 as pb;

@@ -6,8 +6,8 @@
 //! version with the one it last sent and sends what changed, at most one
 //! message per period to every subscriber (coalesced), and a subscriber's
 //! first message lists them all. Each replica subscribes to every other
-//! member ([`Replica::follow_aggregates`]) and counts their nodes in its
-//! cluster hierarchy (`store::remote`). A choice that lands on a remote node
+//! member ([`follow`]) and counts their nodes in its
+//! cluster hierarchy (`store::hierarchy`). A choice that lands on a remote node
 //! goes to its owner, which re-validates it on its live state.
 
 use std::collections::{HashMap, HashSet};
@@ -23,7 +23,7 @@ use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::group::NodeAgg;
 use crate::engine::state::GroupSum;
 use crate::store::Store;
-use crate::store::remote::RemoteNode;
+use crate::store::hierarchy::RemoteNode;
 
 /// How often a replica publishes what changed: a remote aggregate is at
 /// most this much older than its owner's (plus one round trip).
@@ -102,11 +102,13 @@ impl Publisher {
         let now = Instant::now();
         let nodes = self
             .store
-            .unsorted_nodes()
+            .nodes
+            .unsorted()
             .iter()
             .filter_map(|n| {
                 let s = n.snapshot();
                 self.store
+                    .nodes
                     .is_fresh(&s, now)
                     .then(|| to_pb(&n.id, &n.labels, &s.topo.online, &s.agg))
             })
@@ -137,9 +139,9 @@ impl Publisher {
             let now = Instant::now();
             let mut msg = pb::NodeAggregates::default();
             let mut seen = HashSet::with_capacity(sent.len());
-            for n in self.store.unsorted_nodes() {
+            for n in self.store.nodes.unsorted() {
                 let s = n.snapshot();
-                if !self.store.is_fresh(&s, now) {
+                if !self.store.nodes.is_fresh(&s, now) {
                     continue;
                 }
                 seen.insert(n.id.clone());
@@ -163,58 +165,59 @@ impl Publisher {
     }
 }
 
-impl Replica {
-    /// Keeps one subscription to every other live member's aggregates, and
-    /// forgets a member's nodes when it leaves.
-    pub async fn follow_aggregates(self: Arc<Self>, store: Arc<Store>) {
-        let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
-        loop {
-            let members = self.members();
-            let live: HashSet<&str> = members.iter().map(|m| m.id.as_str()).collect();
-            running.retain(|id, h| {
-                let keep = live.contains(id.as_str()) && !h.is_finished();
-                if !keep {
-                    h.abort();
-                    store.remote_retain(id, &HashSet::new());
-                }
-                keep
-            });
-            for m in members.iter().filter(|m| m.id != self.id) {
-                if !running.contains_key(&m.id) {
-                    let (me, s, peer) = (Arc::clone(&self), Arc::clone(&store), m.clone());
-                    running.insert(
-                        m.id.clone(),
-                        tokio::spawn(async move { me.subscribe_to(&s, &peer).await }),
-                    );
-                }
+/// Keeps one subscription to every other live member's aggregates, and
+/// forgets a member's nodes when it leaves: `replica`'s loop.
+pub async fn follow(replica: Arc<Replica>, store: Arc<Store>) {
+    let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    loop {
+        let members = replica.members();
+        let live: HashSet<&str> = members.iter().map(|m| m.id.as_str()).collect();
+        running.retain(|id, h| {
+            let keep = live.contains(id.as_str()) && !h.is_finished();
+            if !keep {
+                h.abort();
+                store.cluster.hierarchy.remote_retain(id, &HashSet::new());
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// One subscription, until it fails.
-    async fn subscribe_to(&self, store: &Store, peer: &super::Member) {
-        let Ok(ch) = self.peers.channel(&peer.addr) else {
-            return;
-        };
-        // Made as this replica itself (no caller is forwarded), and with no
-        // deadline: it lasts as long as both replicas.
-        let req = tonic::Request::new(pb::WatchAggregatesRequest {
-            replica_id: self.id.clone(),
+            keep
         });
-        let mut stream = match ReplicaServiceClient::new(ch).watch_aggregates(req).await {
-            Ok(s) => s.into_inner(),
-            Err(e) => {
-                tracing::debug!(peer = %peer.id, error = %e, "cannot subscribe to a replica's aggregates yet");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                return;
+        for m in members.iter().filter(|m| m.id != replica.id) {
+            if !running.contains_key(&m.id) {
+                let (me, s, peer) = (Arc::clone(&replica), Arc::clone(&store), m.clone());
+                running.insert(
+                    m.id.clone(),
+                    tokio::spawn(async move { subscribe_to(&me, &s, &peer).await }),
+                );
             }
-        };
-        while let Ok(Some(msg)) = stream.message().await {
-            apply(store, &peer.id, msg);
         }
-        store.remote_retain(&peer.id, &HashSet::new());
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// One subscription, until it fails.
+async fn subscribe_to(replica: &Replica, store: &Store, peer: &super::Member) {
+    let Ok(ch) = replica.peers.channel(&peer.addr) else {
+        return;
+    };
+    // Made as this replica itself (no caller is forwarded), and with no
+    // deadline: it lasts as long as both replicas.
+    let req = tonic::Request::new(pb::WatchAggregatesRequest {
+        replica_id: replica.id.clone(),
+    });
+    let mut stream = match ReplicaServiceClient::new(ch).watch_aggregates(req).await {
+        Ok(s) => s.into_inner(),
+        Err(e) => {
+            tracing::debug!(peer = %peer.id, error = %e, "cannot subscribe to a replica's aggregates yet");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return;
+        }
+    };
+    while let Ok(Some(msg)) = stream.message().await {
+        apply(store, &peer.id, msg);
+    }
+    store
+        .cluster
+        .hierarchy
+        .remote_retain(&peer.id, &HashSet::new());
 }
 
 /// One published message, counted in `store`.
@@ -231,13 +234,13 @@ fn apply(store: &Store, replica: &str, msg: pb::NodeAggregates) {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         labels.sort();
-        store.remote_put(&n.node_id, &labels, r);
+        store.cluster.remote_put(&n.node_id, &labels, r);
         keep.insert(n.node_id.clone());
     }
     for id in &msg.gone {
-        store.remote_remove(id);
+        store.cluster.hierarchy.remote_remove(id);
     }
     if msg.full {
-        store.remote_retain(replica, &keep);
+        store.cluster.hierarchy.remote_retain(replica, &keep);
     }
 }

@@ -142,7 +142,7 @@ impl Replica {
             why: format!("node {node} is handed over by replica {}", self.id),
         };
         if !self.redirect(node, r) {
-            hooks.store.let_go(node);
+            hooks.store.nodes.let_go(node);
             self.release(node).await;
         }
     }
@@ -233,7 +233,7 @@ impl Replica {
                 .filter(|e| {
                     e.value().2.elapsed() > TIDY_EVERY
                         && !self.streams.contains_key(e.key())
-                        && hooks.store.get(e.key()).is_none()
+                        && hooks.store.nodes.get(e.key()).is_none()
                 })
                 .map(|e| e.key().clone())
                 .collect();

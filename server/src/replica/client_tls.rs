@@ -12,13 +12,15 @@
 //! does not parse is logged and the previous one is kept, so a renewal
 //! caught half-written cannot cut a replica off.
 
+use std::fmt;
+use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-use crate::pem::{pem_certs, pem_key};
+use crate::pem::{PemError, pem_certs, pem_key};
 
 /// How often the files are read again.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(5);
@@ -32,6 +34,43 @@ pub struct ClientFiles {
     pub identity: Option<(PathBuf, PathBuf)>,
 }
 
+/// Why a client's TLS files cannot be used: one is unreadable, or does not
+/// hold the PEM block it must. At start it stops the replica (its caller
+/// says which flags the files came from); on a refresh it is logged and
+/// the files in use are kept. Each names the file to fix.
+#[derive(Debug)]
+pub enum ClientTlsError {
+    /// A file cannot be read.
+    Read { path: PathBuf, source: io::Error },
+    /// A file does not hold a PEM certificate, or key, that parses.
+    Pem(PemError),
+}
+
+impl fmt::Display for ClientTlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientTlsError::Read { path, source } => write!(f, "{}: {source}", path.display()),
+            ClientTlsError::Pem(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl std::error::Error for ClientTlsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ClientTlsError::Read { source, .. } => Some(source),
+            // Transparent: its message is this one's.
+            ClientTlsError::Pem(e) => std::error::Error::source(e),
+        }
+    }
+}
+
+impl From<PemError> for ClientTlsError {
+    fn from(e: PemError) -> Self {
+        ClientTlsError::Pem(e)
+    }
+}
+
 /// The files' bytes, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientPem {
@@ -41,8 +80,13 @@ pub struct ClientPem {
 
 impl ClientFiles {
     /// Reads and checks the files: each holds a PEM block of its kind.
-    pub fn read(&self) -> Result<ClientPem, String> {
-        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    pub fn read(&self) -> Result<ClientPem, ClientTlsError> {
+        let read = |p: &PathBuf| {
+            std::fs::read(p).map_err(|source| ClientTlsError::Read {
+                path: p.clone(),
+                source,
+            })
+        };
         let ca = read(&self.ca)?;
         pem_certs(&ca, &self.ca)?;
         let identity = match &self.identity {
@@ -78,7 +122,7 @@ pub struct Reloading {
 
 impl Reloading {
     /// The files as they are now; an error names the file that is wrong.
-    pub fn load(files: ClientFiles) -> Result<Reloading, String> {
+    pub fn load(files: ClientFiles) -> Result<Reloading, ClientTlsError> {
         let pem = files.read()?;
         Ok(Reloading {
             files,

@@ -142,7 +142,7 @@ impl Replica {
                         .is_some()
                 })
                 .collect();
-            if let Err(e) = store.set_features(None, &known, false) {
+            if let Err(e) = store.nodes.set_features(None, &known, false) {
                 tracing::warn!(error = %e, "the global features in etcd do not apply");
             }
             return;
@@ -156,8 +156,8 @@ impl Replica {
         } else {
             self.node_features.insert(node.clone(), over.clone());
         }
-        if let Some(n) = store.get(&node) {
-            let _ = store.set_features(Some(&n), &as_list(&over), true);
+        if let Some(n) = store.nodes.get(&node) {
+            let _ = store.nodes.set_features(Some(&n), &as_list(&over), true);
         }
     }
 }

@@ -17,11 +17,8 @@ use tonic::Status;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
-use super::client_tls::{ClientFiles, Reloading};
-
-/// The metadata key naming the caller a forwarded call is made for: its
-/// SPIFFE ID, or "anonymous".
-pub const FORWARDED_FOR: &str = "fairplace-forwarded-for";
+use super::client_tls::{ClientFiles, ClientTlsError, Reloading};
+use crate::identity::FORWARDED_FOR;
 
 /// How a replica reaches its peers over TLS.
 #[derive(Debug, Clone)]
@@ -43,7 +40,7 @@ pub struct Peers {
 
 impl Peers {
     /// The peers' client; an error names the TLS file that is unusable.
-    pub fn new(tls: Option<PeerTls>) -> Result<Peers, String> {
+    pub fn new(tls: Option<PeerTls>) -> Result<Peers, ClientTlsError> {
         let tls = match tls {
             Some(t) => Some(Reloading::load(ClientFiles {
                 ca: t.ca,

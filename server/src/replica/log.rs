@@ -139,7 +139,9 @@ impl LeaseLog for EtcdLog {
     }
 
     fn writable(&self) -> Result<(), LogError> {
-        self.replica.writable().map_err(LogError::refused)
+        self.replica
+            .writable()
+            .map_err(|e| LogError::refused(e.to_string()))
     }
 
     fn authoritative(&self) -> bool {

@@ -32,6 +32,8 @@ pub mod forward;
 pub mod hrw;
 pub mod keys;
 pub mod log;
+pub mod peers;
+pub mod route;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -93,6 +95,29 @@ pub struct Redirect {
     pub addr: String,
     pub why: String,
 }
+
+/// Why a replica refuses to commit lease changes now: it may have lost
+/// etcd, and with it its ownership of nodes, so a commit could race the
+/// replica that took them over. Callers answer "retry elsewhere or later";
+/// the refusal ends when the replica's etcd lease is renewed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaWriteError {
+    /// No keep-alive confirmed the replica's etcd lease within its TTL.
+    EtcdLeaseLost { replica: String },
+}
+
+impl std::fmt::Display for ReplicaWriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplicaWriteError::EtcdLeaseLost { replica } => write!(
+                f,
+                "replica {replica} has lost etcd (its etcd lease may have ended): lease changes are refused until it is back"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ReplicaWriteError {}
 
 /// One replica's view of the set, and its own standing in it.
 pub struct Replica {
@@ -191,13 +216,12 @@ impl Replica {
     }
 
     /// Whether this replica may commit lease changes now, and if not why.
-    pub fn writable(&self) -> Result<(), String> {
+    pub fn writable(&self) -> Result<(), ReplicaWriteError> {
         match self.live_lease() {
             Some(_) => Ok(()),
-            None => Err(format!(
-                "replica {} has lost etcd (its etcd lease may have ended): lease changes are refused until it is back",
-                self.id
-            )),
+            None => Err(ReplicaWriteError::EtcdLeaseLost {
+                replica: self.id.clone(),
+            }),
         }
     }
 

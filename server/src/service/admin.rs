@@ -9,11 +9,11 @@ use fairplace_proto::v1::admin_service_server::AdminService;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use super::convert;
-use super::identity::Caller;
-use super::route::{self, Replicated, Route, forwarded};
+use crate::convert;
 use crate::engine::features::{FEATURE_NAMES, Features};
+use crate::identity::Caller;
 use crate::replica::Member;
+use crate::replica::route::{self, Replicated, Route, forwarded};
 use crate::store::{Node, Store};
 
 /// The admin service's own check, after the role table (`identity.rs`):
@@ -144,7 +144,7 @@ pub fn summary(
         .iter()
         .filter(|c| c.online && c.available_idle())
         .count();
-    let leases = store.leases_of(n);
+    let leases = store.leases.leases_of(n);
     pb::NodeSummary {
         id: n.id.clone(),
         labels: n.labels.iter().cloned().collect(),
@@ -153,7 +153,7 @@ pub fn summary(
         online_cpus: s.topo.online.weight() as u32,
         idle_cpus: idle as u32,
         age_seconds: s.age(now).map_or(-1.0, |a| a.as_secs_f64()),
-        fresh: store.is_fresh(s, now),
+        fresh: store.nodes.is_fresh(s, now),
         connected: n.connected.load(Ordering::SeqCst),
         state_version: s.version,
         signal_source: n.signal_source.load(Ordering::Relaxed),
@@ -184,7 +184,7 @@ fn features_pb(f: &Features, overridden: Vec<String>) -> pb::Features {
 
 impl Admin {
     fn node(&self, id: &str) -> Result<Arc<Node>, Status> {
-        self.store.get(id).ok_or_else(|| {
+        self.store.nodes.get(id).ok_or_else(|| {
             Status::not_found(format!(
                 "node_id: no node {} is registered",
                 convert::quote(id)
@@ -203,7 +203,8 @@ impl AdminService for Admin {
         let now = Instant::now();
         let mut nodes: Vec<pb::NodeSummary> = self
             .store
-            .nodes()
+            .nodes
+            .all()
             .iter()
             .map(|n| summary(&self.store, n, &n.snapshot(), now))
             .collect();
@@ -249,7 +250,7 @@ impl AdminService for Admin {
             agent_version: n.agent_version.clone(),
             last_seq: n.last_seq(),
             tasks: convert::task_lists_to_pb(&s.tasks),
-            leases: super::allocate::leases_to_pb(&self.store.leases_of(&n), Instant::now()),
+            leases: super::allocate::leases_to_pb(&self.store.leases.leases_of(&n), Instant::now()),
         }))
     }
 
@@ -267,7 +268,7 @@ impl AdminService for Admin {
             .await;
         }
         let n = self.node(&req.get_ref().node_id)?;
-        let c = self.store.cache_summary(&n, Instant::now());
+        let c = self.store.passes.cache_summary(&n, Instant::now());
         Ok(Response::new(pb::GetCacheResponse {
             enabled: c.enabled,
             strategy: c.strategy.as_str().to_string(),
@@ -318,12 +319,12 @@ impl AdminService for Admin {
         let id = &req.get_ref().node_id;
         if id.is_empty() {
             return Ok(Response::new(features_pb(
-                &self.store.global_features(),
+                &self.store.switches.global(),
                 vec![],
             )));
         }
         let n = self.node(id)?;
-        let mut over: Vec<String> = self.store.overrides(&n).into_keys().collect();
+        let mut over: Vec<String> = self.store.nodes.overrides(&n).into_keys().collect();
         over.sort();
         Ok(Response::new(features_pb(&n.snapshot().features, over)))
     }
@@ -365,16 +366,17 @@ impl AdminService for Admin {
             share_features(rep, &self.store, node.as_deref(), &set, r.clear_overrides).await?;
         }
         self.store
+            .nodes
             .set_features(node.as_deref(), &set, r.clear_overrides)
             .map_err(convert::invalid)?;
         tracing::info!(node = %r.node_id, ?set, "features changed");
         match node {
             None => Ok(Response::new(features_pb(
-                &self.store.global_features(),
+                &self.store.switches.global(),
                 vec![],
             ))),
             Some(n) => {
-                let mut over: Vec<String> = self.store.overrides(&n).into_keys().collect();
+                let mut over: Vec<String> = self.store.nodes.overrides(&n).into_keys().collect();
                 over.sort();
                 Ok(Response::new(features_pb(&n.snapshot().features, over)))
             }
@@ -409,7 +411,7 @@ async fn share_features(
             let mut over: crate::replica::features::Switches = if clear {
                 Default::default()
             } else {
-                store.overrides(n).into_iter().collect()
+                store.nodes.overrides(n).into_iter().collect()
             };
             over.extend(set.iter().cloned());
             rep.replica.put_node_features(&n.id, &over).await

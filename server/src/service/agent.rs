@@ -15,24 +15,26 @@ use fairplace_proto::v1::agent_message::Body;
 use tokio::sync::watch;
 use tonic::Status;
 
-use super::ack_queue::{AckRx, ack_queue};
-use super::agent_wire::{self, Inbound};
-use super::convert;
-use super::heavy::HeavyPool;
-use super::identity::{self, Caller};
+use super::cpu_pool::CpuPool;
 use super::lease_hub::AckTx;
-use super::route::{Replicated, redirect_status};
+use crate::convert;
 use crate::engine::features::Kernel;
 use crate::engine::topology::FieldError;
+use crate::identity::{self, Caller};
 use crate::metrics as m;
 use crate::quote::quote;
 use crate::replica::Redirect;
-use crate::store::{RegisterError, Reject, Store, Update};
+use crate::replica::route::{Replicated, redirect_status};
+use crate::store::nodes::RegisterError;
+use crate::store::report::{Applied, changes_online};
+use crate::store::{Reject, Store, Update};
+use crate::transport::ack_queue::{AckRx, ack_queue};
+use crate::transport::agent_wire::{Inbound, OpenReport};
 
 pub struct Agent {
     pub store: Arc<Store>,
     /// Topology builds (registrations, hotplug updates) run here.
-    pub heavy: HeavyPool,
+    pub heavy: CpuPool,
     /// A stream must register within this long.
     pub register_timeout: Duration,
     /// True once the server shuts down: every stream ends with UNAVAILABLE.
@@ -80,10 +82,13 @@ fn register(
     labels.sort();
     let source = pb::SignalSource::try_from(reg.signal_source)
         .unwrap_or(pb::SignalSource::Unspecified) as i32;
-    let (node, generation) = store.register_agent(&reg.node_id, labels, reg.agent_version, spec)?;
+    let (node, generation) =
+        store
+            .nodes
+            .register_agent(&reg.node_id, labels, reg.agent_version, spec)?;
     node.signal_source
         .store(source, std::sync::atomic::Ordering::Relaxed);
-    store.set_kernel(&node, kernel);
+    store.nodes.set_kernel(&node, kernel);
     Ok((node, generation))
 }
 
@@ -121,7 +126,7 @@ enum Step {
 /// One agent's stream, from its registration to its end.
 struct ReportStream {
     store: Arc<Store>,
-    heavy: HeavyPool,
+    heavy: CpuPool,
     stopping: watch::Receiver<bool>,
     tx: AckTx,
     /// Who opened the stream: a node certificate reports only its node.
@@ -245,20 +250,20 @@ impl ReportStream {
             let drop = Box::pin(super::allocate::reconcile(&self.store, &sink, &node, &held)).await;
             Box::pin(self.hub.resend(&self.store, &node, &self.tx, drop)).await;
         }
-        self.store.reconciled(&node);
+        self.store.nodes.reconciled(&node);
         Some((node, generation, moved, serving))
     }
 
     /// The stream ended: the node is disconnected, and released to the
     /// next replica when it was handed over.
     async fn close(&self, node: &Arc<crate::store::Node>, generation: u64, handed: bool) {
-        self.store.disconnect(node, generation);
+        self.store.nodes.disconnect(node, generation);
         if let Some(rep) = &self.replicated {
             rep.replica.detach_stream(&node.id, generation);
             if handed {
                 // The next owner reads the node's leases from etcd once
                 // this replica's owner key is gone.
-                self.store.let_go(&node.id);
+                self.store.nodes.let_go(&node.id);
                 rep.replica.release(&node.id).await;
             }
         }
@@ -337,7 +342,7 @@ impl ReportStream {
             .await;
         if let (false, Some(rep)) = (matches!(registered, Ok(Ok(_))), &self.replicated) {
             // Claimed but not registered: nothing may dangle in etcd.
-            self.store.let_go(&node_id);
+            self.store.nodes.let_go(&node_id);
             rep.replica.release(&node_id).await;
         }
         match registered {
@@ -348,7 +353,7 @@ impl ReportStream {
                     .as_ref()
                     .and_then(|rep| rep.replica.node_overrides(&node.id))
                 {
-                    let _ = self.store.set_features(Some(&node), &over, true);
+                    let _ = self.store.nodes.set_features(Some(&node), &over, true);
                 }
                 Some((node, generation, held))
             }
@@ -390,7 +395,7 @@ impl ReportStream {
             Next::Silent => {
                 // A stream that stays open but says nothing does not keep
                 // its node alive.
-                self.store.forget_node(node, generation);
+                self.store.nodes.forget(node, generation);
                 rejected("silent");
                 self.end(Status::deadline_exceeded(format!(
                     "no report for {} s: node {} forgotten; reconnect and register again",
@@ -477,27 +482,18 @@ impl ReportStream {
                 return Step::Ack(rejection_ack(node, "invalid", e.to_string(), false));
             }
         };
-        let (applied, update) = self.apply(node, generation, update, t0).await;
-        match applied {
-            Ok(_) => {
-                let kind = if u.full { "full" } else { "delta" };
-                metrics::counter!(m::REPORTS_APPLIED, "kind" => kind).increment(1);
-                metrics::counter!(m::CPU_UPDATES).increment(u.cpus.len() as u64);
-                metrics::histogram!(m::REPORT_APPLY_DURATION).record(t0.elapsed().as_secs_f64());
-                let tasks: usize = update.tasks.iter().map(|l| l.tasks.len()).sum();
-                metrics::counter!(m::TASKS_REPORTED).increment(tasks as u64);
-                for r in self.store.account(node, &update.runtime, t0) {
-                    m::record_cache_scan(&r);
-                }
+        match self.apply(node, generation, update, t0).await {
+            Ok(applied) => {
+                record_applied(&applied, t0);
                 Step::Ack(pb::Ack {
-                    applied_seq: u.seq,
+                    applied_seq: applied.seq,
                     rejection: None,
                     resync_required: false,
                     ..Default::default()
                 })
             }
             Err(Reject::Superseded) => {
-                if self.store.get(&node.id).is_none() {
+                if self.store.nodes.get(&node.id).is_none() {
                     rejected("forgotten");
                     return Step::End(Status::failed_precondition(
                         "node_id: this node was forgotten (silent too long); register again",
@@ -518,40 +514,38 @@ impl ReportStream {
         }
     }
 
-    /// Applies an update; one that changes which CPUs are online rebuilds
-    /// the domain tree, so it runs in the heavy pool.
+    /// Applies an update through the store's one way in; one that changes
+    /// which CPUs are online rebuilds the domain tree, so it runs in the
+    /// heavy pool.
     async fn apply(
         &self,
         node: &Arc<crate::store::Node>,
         generation: u64,
         update: Update,
         t0: Instant,
-    ) -> (Result<u64, Reject>, Update) {
-        let snap = node.snapshot();
-        let hotplug = update
-            .cpus
-            .iter()
-            .any(|(i, c)| c.online != snap.topo.online.test(*i as usize));
-        drop(snap);
-        if !hotplug {
-            let r = self.store.apply(node, generation, &update, t0);
-            return (r, update);
+    ) -> Result<Applied, Reject> {
+        if !changes_online(&node.snapshot().topo.online, &update) {
+            return self.store.report(node, generation, &update, t0);
         }
         let (store, n) = (Arc::clone(&self.store), Arc::clone(node));
-        match self
-            .heavy
+        self.heavy
             .run("topology", move || {
-                let r = store.apply(&n, generation, &update, t0);
-                (r, update)
+                store.report(&n, generation, &update, t0)
             })
             .await
-        {
-            Ok(x) => x,
-            Err(s) => (
-                Err(Reject::Busy(s.message().to_string())),
-                Update::default(),
-            ),
-        }
+            .unwrap_or_else(|s| Err(Reject::Busy(s.message().to_string())))
+    }
+}
+
+/// An applied report's metrics, recorded once from what it changed.
+fn record_applied(a: &Applied, t0: Instant) {
+    let kind = if a.full { "full" } else { "delta" };
+    metrics::counter!(m::REPORTS_APPLIED, "kind" => kind).increment(1);
+    metrics::counter!(m::CPU_UPDATES).increment(a.cpus as u64);
+    metrics::histogram!(m::REPORT_APPLY_DURATION).record(t0.elapsed().as_secs_f64());
+    metrics::counter!(m::TASKS_REPORTED).increment(a.tasks as u64);
+    for r in &a.scans {
+        m::record_cache_scan(r);
     }
 }
 
@@ -572,10 +566,11 @@ fn rejection_ack(
     }
 }
 
-impl Agent {
-    /// Opens a Report stream for `caller`: its task reads `inbound` and its
-    /// acks come out of the returned channel (`agent_wire`'s response body).
-    pub(super) fn report(&self, caller: Caller, inbound: Inbound) -> Result<AckRx, Status> {
+impl OpenReport for Agent {
+    /// Opens a Report stream for `caller`: its task reads `inbound` (the
+    /// agent's messages, decoded) and its acks come out of the returned
+    /// queue (the transport's response body).
+    fn open_report(&self, caller: Caller, inbound: Inbound) -> Result<AckRx, Status> {
         let Ok(pending) = Arc::clone(&self.pending).try_acquire_owned() else {
             rejected("pending_registrations");
             return Err(Status::resource_exhausted(
@@ -596,58 +591,5 @@ impl Agent {
         };
         tokio::spawn(stream.run(inbound, self.register_timeout, pending));
         Ok(rx)
-    }
-}
-
-/// AgentService as a tower service, in place of tonic's generated server:
-/// the Report stream's framing is `agent_wire`'s (see its module doc).
-#[derive(Clone)]
-pub struct AgentServer {
-    agent: Arc<Agent>,
-    /// The largest message a stream may carry (`--max-message-bytes`).
-    max_message: usize,
-}
-
-impl AgentServer {
-    pub fn new(agent: Agent, max_message: usize) -> Self {
-        Self {
-            agent: Arc::new(agent),
-            max_message,
-        }
-    }
-
-    /// Opens a Report stream, or answers with the status that says why not
-    /// (a trailers-only response, as gRPC servers do).
-    fn open(&self, req: http::Request<tonic::body::Body>) -> http::Response<tonic::body::Body> {
-        if let Some(s) = agent_wire::refusal(&req) {
-            return s.into_http();
-        }
-        let caller = Caller::of(req.extensions());
-        let inbound = Inbound::new(req.into_body(), self.max_message);
-        match self.agent.report(caller, inbound) {
-            Ok(acks) => agent_wire::ack_response(acks),
-            Err(s) => s.into_http(),
-        }
-    }
-}
-
-impl tonic::server::NamedService for AgentServer {
-    const NAME: &'static str = "fairplace.v1.AgentService";
-}
-
-impl tower::Service<http::Request<tonic::body::Body>> for AgentServer {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = std::convert::Infallible;
-    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        std::future::ready(Ok(self.open(req)))
     }
 }

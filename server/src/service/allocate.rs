@@ -32,13 +32,13 @@ use std::time::{Duration, Instant};
 use fairplace_proto::v1 as pb;
 use tonic::Status;
 
-use super::convert;
-use super::heavy::HeavyPool;
-use super::identity::{self, Caller};
+use super::cpu_pool::CpuPool;
 use super::lease_hub::{LeaseHub, grant_pb, target_pb};
+use crate::convert;
 use crate::engine::alloc::{self, Grant, NoRoom, Policy};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::Task;
+use crate::identity::{self, Caller};
 use crate::metrics as m;
 use crate::store::leases::settle::{self, AgentSink, Settling};
 use crate::store::{
@@ -51,7 +51,7 @@ use crate::store::{
 pub struct Leasing<'a> {
     pub store: &'a Arc<Store>,
     pub hub: &'a Arc<LeaseHub>,
-    pub heavy: &'a HeavyPool,
+    pub heavy: &'a CpuPool,
 }
 
 /// A lease's lifetime when the request gives none.
@@ -123,7 +123,7 @@ pub async fn reconcile(
         mut release_on_node,
         commit,
         adopted_ids,
-    } = store.reconcile_leases(node, &records);
+    } = store.leases.reconcile_leases(node, &records);
     for g in &unfit {
         tracing::warn!(node = %node.id, lease = g.lease_id, "a lease the agent holds has fields out of bounds: released on the node");
         release_on_node.push(g.lease_id);
@@ -154,17 +154,17 @@ async fn settle_adopted(
     for id in ids {
         match &r {
             Ok(()) => {
-                store.grant_settled(id, true);
+                store.leases.grant_settled(id, true);
             }
             Err(e) if !e.unknown => {
-                store.grant_settled(id, false);
+                store.leases.grant_settled(id, false);
             }
             Err(e) => {
                 // Settled forward on its own: the write again decides.
                 let again = Commit::done(Err(e.clone()));
                 // Nobody waits for the first outcome: the settler goes on.
                 drop(settle::spawn(
-                    store,
+                    &store.leases,
                     sink,
                     id,
                     Settling::Grant { forward: true },
@@ -318,10 +318,10 @@ fn check_target(a: &pb::ApplyTarget) -> Result<Target, Status> {
 /// choice among fresh nodes with an allowed online CPU.
 fn choose_node(p: &Leasing<'_>, r: &pb::AllocateCpusRequest) -> Result<Arc<Node>, Status> {
     if !r.node_id.is_empty() {
-        return super::registered_node(p.store, &r.node_id);
+        return super::lookup::registered_node(p.store, &r.node_id);
     }
     let choice = choose_on_cluster(p.store, r, &[])?;
-    super::registered_node(p.store, &choice)
+    super::lookup::registered_node(p.store, &choice)
 }
 
 /// The cluster slow path's node for an allocation with none named (not
@@ -338,13 +338,14 @@ pub fn choose_on_cluster(
     if allowed.is_empty() {
         return Err(invalid("task.cpus_allowed", "must not be empty"));
     }
-    let req = crate::store::cluster::ClusterRequest {
+    let req = crate::store::hierarchy::ClusterRequest {
         first_allowed_cpu: allowed.first().unwrap_or(0),
         origin: None,
         selector: Vec::new(),
     };
     let choice = store
-        .cluster_pick_excluding(&req, &allowed, excluded)
+        .cluster
+        .pick_excluding(&req, &allowed, excluded)
         .ok_or_else(|| {
             Status::failed_precondition("node_id: no fresh node can run the task; name a node")
         })?;
@@ -460,11 +461,11 @@ async fn end_when_settled(
     how: &'static str,
 ) {
     for _ in 0..100 {
-        match store.begin_end(id, |_| Ok::<(), ()>(())) {
+        match store.leases.begin_end(id, |_| Ok::<(), ()>(())) {
             Ok((_, _, commit)) => {
                 metrics::counter!(m::LEASES_ENDED, "how" => how).increment(1);
                 let what = Settling::End;
-                let _ = settle::settle(store, sink, id, what, commit).await;
+                let _ = settle::settle(&store.leases, sink, id, what, commit).await;
                 return;
             }
             Err(LeaseRefusal::Busy(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -486,29 +487,30 @@ fn decide(
     now: Instant,
 ) -> Result<Decided, NotDecided> {
     let sys = store.config.system;
-    let ((grant, version), lease, commit) = store.allocate_locked(node, now, |snap, leased| {
-        let req = alloc::Request {
-            topo: &snap.topo,
-            state: &snap.state,
-            features: &snap.features,
-            system: &sys,
-            task,
-            count: c.count,
-            policy: c.policy,
-            leased,
-        };
-        let grant = alloc::allocate(&req)?;
-        let new = NewLease {
-            cpus: grant.mask(),
-            policy: c.policy.as_str().to_string(),
-            holder: c.holder.clone(),
-            owner: c.owner.clone(),
-            ttl: c.ttl,
-            target: c.target.clone(),
-            request_id: c.request_id.clone(),
-        };
-        Ok::<_, NotDecided>(((grant, snap.version), new))
-    })?;
+    let ((grant, version), lease, commit) =
+        store.leases.allocate_locked(node, now, |snap, leased| {
+            let req = alloc::Request {
+                topo: &snap.topo,
+                state: &snap.state,
+                features: &snap.features,
+                system: &sys,
+                task,
+                count: c.count,
+                policy: c.policy,
+                leased,
+            };
+            let grant = alloc::allocate(&req)?;
+            let new = NewLease {
+                cpus: grant.mask(),
+                policy: c.policy.as_str().to_string(),
+                holder: c.holder.clone(),
+                owner: c.owner.clone(),
+                ttl: c.ttl,
+                target: c.target.clone(),
+                request_id: c.request_id.clone(),
+            };
+            Ok::<_, NotDecided>(((grant, snap.version), new))
+        })?;
     Ok((grant, lease, version, commit))
 }
 
@@ -545,7 +547,7 @@ async fn allocate_inner(
     }
     let node = choose_node(p, &r).map_err(|s| ("node", s))?;
     let now = Instant::now();
-    let (snap, _) = super::fresh_snapshot(p.store, &node, now).map_err(|s| ("node", s))?;
+    let (snap, _) = super::lookup::fresh_snapshot(p.store, &node, now).map_err(|s| ("node", s))?;
     let task = node_task(&r, &c, &snap.topo).map_err(|s| ("invalid", s))?;
     let cost = c.count * snap.topo.online.weight();
     drop(snap);
@@ -586,7 +588,7 @@ async fn allocate_inner(
     };
     let forward = !c.request_id.is_empty();
     let settled = settle::settle(
-        p.store,
+        &p.store.leases,
         &sink,
         lease.id,
         Settling::Grant { forward },
@@ -683,7 +685,7 @@ async fn retried(
     }
     let give_up = Instant::now() + RETRY_WAIT;
     loop {
-        let Some((node, l)) = store.requested(&c.owner, &c.request_id) else {
+        let Some((node, l)) = store.leases.requested(&c.owner, &c.request_id) else {
             return Ok(None);
         };
         if l.phase == Phase::Live {
@@ -783,7 +785,8 @@ fn no_lease(id: u64) -> Status {
 /// lost etcd): refused before anything changes in memory.
 fn writable(store: &Store) -> Result<(), Status> {
     store
-        .leases_writable()
+        .leases
+        .writable()
         .map_err(|e| Status::unavailable(e.to_string()))
 }
 
@@ -801,13 +804,14 @@ pub async fn release_cpus(
     writable(p.store)?;
     let (_, lease, commit) = p
         .store
+        .leases
         .begin_end(r.lease_id, |l| {
             identity::check_lease_owner(caller, "release", l.id, &l.owner)
         })
         .map_err(|e| refusal(r.lease_id, e))?;
     let sink: Arc<dyn AgentSink> = Arc::clone(p.hub) as Arc<dyn AgentSink>;
     let what = Settling::End;
-    let settled = settle::settle(p.store, &sink, r.lease_id, what, commit).await;
+    let settled = settle::settle(&p.store.leases, &sink, r.lease_id, what, commit).await;
     match settled {
         Ok(Some((node, l))) => {
             metrics::counter!(m::LEASES_ENDED, "how" => "released").increment(1);
@@ -818,7 +822,7 @@ pub async fn release_cpus(
         }
         // Settled by another call meanwhile (a retry, the settler): ended.
         Ok(None) => Ok(pb::ReleaseCpusResponse {
-            node_id: p.store.lease_node(r.lease_id).unwrap_or_default(),
+            node_id: p.store.leases.lease_node(r.lease_id).unwrap_or_default(),
             cpus: lease.cpus.to_string(),
         }),
         Err(e) => Err(Status::unavailable(format!(
@@ -843,13 +847,14 @@ pub async fn renew_lease(
     let ttl = (r.ttl_ms > 0).then(|| Duration::from_millis(r.ttl_ms as u64));
     let (_, renewal, commit) = p
         .store
+        .leases
         .begin_renew(r.lease_id, ttl, Instant::now(), |l| {
             identity::check_lease_owner(caller, "renew", l.id, &l.owner)
         })
         .map_err(|e| refusal(r.lease_id, e))?;
     let sink: Arc<dyn AgentSink> = Arc::clone(p.hub) as Arc<dyn AgentSink>;
     let what = Settling::Renew(renewal);
-    let (node, l) = match settle::settle(p.store, &sink, r.lease_id, what, commit).await {
+    let (node, l) = match settle::settle(&p.store.leases, &sink, r.lease_id, what, commit).await {
         Ok(Some(x)) => x,
         Ok(None) => return Err(no_lease(r.lease_id)),
         Err(e) => return Err(Status::unavailable(e.to_string())),
@@ -878,12 +883,14 @@ pub fn spawn_expiry(store: Arc<Store>, hub: Arc<LeaseHub>) -> tokio::task::JoinH
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
             tick.tick().await;
-            let ending = store.begin_expiry(Instant::now());
+            let ending = store.leases.begin_expiry(Instant::now());
             for (node, id, commit) in ending {
                 let what = Settling::End;
                 let (store, sink) = (Arc::clone(&store), Arc::clone(&sink));
                 tokio::spawn(async move {
-                    if let Ok(Some(_)) = settle::settle(&store, &sink, id, what, commit).await {
+                    if let Ok(Some(_)) =
+                        settle::settle(&store.leases, &sink, id, what, commit).await
+                    {
                         metrics::counter!(m::LEASES_ENDED, "how" => "expired").increment(1);
                         tracing::info!(node = %node, lease = id, "lease expired");
                     }

@@ -1,7 +1,7 @@
 //! A cluster Balance (a level and a group, no node) as the service runs it.
 //!
 //! One server: the pass reads the group's registered nodes
-//! ([`Store::cluster_balance`]). Several replicas: the group's nodes are
+//! ([`crate::store::cluster::Cluster::balance`]). Several replicas: the group's nodes are
 //! spread over their owners, so the replica running the pass first fetches
 //! the state of the nodes other replicas hold (`ReplicaService.NodeStates`,
 //! each owner asked once, all in parallel) and counts them beside its own;
@@ -23,17 +23,19 @@ use fairplace_proto::v1::replica_service_client::ReplicaServiceClient;
 use tokio::task::JoinSet;
 use tonic::{Response, Status};
 
-use super::convert;
-use super::identity::{self, Caller};
-use super::peers::MAX_NODE_STATES;
 use super::placement::{Placement, count_claims};
-use super::route::{self, Replicated};
+use crate::convert;
 use crate::engine::balance::cluster::ClusterBalanceOutcome;
 use crate::engine::topology::FieldError;
+use crate::identity::{self, Caller};
 use crate::metrics as m;
 use crate::replica::aggregates;
 use crate::replica::forward;
-use crate::store::{ClusterBalanceRequest, PeerMembers, Store};
+use crate::replica::peers::MAX_NODE_STATES;
+use crate::replica::route::{self, Replicated};
+use crate::store::Store;
+use crate::store::cluster::ClusterBalanceRequest;
+use crate::store::cluster::PeerMembers;
 
 /// How long a pass waits for the owners' node states.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -92,7 +94,8 @@ impl Placement {
                     ))
                 })?;
                 store
-                    .cluster_balance(&creq, peers, t0)
+                    .cluster
+                    .balance(&creq, peers, t0)
                     .map_err(convert::invalid)
             })
             .await??;
@@ -123,10 +126,10 @@ fn peer_nodes_by_owner(
     store: &Store,
     creq: &ClusterBalanceRequest,
 ) -> Result<HashMap<String, Vec<String>>, Status> {
-    let ids = store.cluster_peer_nodes(creq).map_err(convert::invalid)?;
+    let ids = store.cluster.peer_nodes(creq).map_err(convert::invalid)?;
     let mut by_owner: HashMap<String, Vec<String>> = HashMap::new();
     for id in ids {
-        if let Some(n) = store.remote_node(&id)
+        if let Some(n) = store.cluster.hierarchy.remote_node(&id)
             && n.replica != rep.replica.id
         {
             by_owner.entry(n.replica).or_default().push(id);
@@ -209,6 +212,7 @@ fn peer_members(store: &Store, fetched: Vec<pb::NodeState>) -> Result<PeerMember
         let u = convert::update(&u, &spec).map_err(at)?;
         let agg = aggregates::agg_from_pb(a);
         let m = store
+            .cluster
             .peer_member(&a.node_id, spec, &u, st.util_est, agg)
             .map_err(at)?;
         peers.insert(a.node_id.clone(), m);
@@ -222,7 +226,7 @@ fn peer_members(store: &Store, fetched: Vec<pb::NodeState>) -> Result<PeerMember
 async fn claim_at_owners(rep: &Replicated, store: &Store, out: &ClusterBalanceOutcome) -> u32 {
     let mut by_node: HashMap<&str, Vec<u32>> = HashMap::new();
     for p in &out.proposals {
-        if store.get(&p.dst_node).is_none() {
+        if store.nodes.get(&p.dst_node).is_none() {
             by_node
                 .entry(p.dst_node.as_str())
                 .or_default()
@@ -232,6 +236,8 @@ async fn claim_at_owners(rep: &Replicated, store: &Store, out: &ClusterBalanceOu
     let mut calls = JoinSet::new();
     for (node, cpus) in by_node {
         let Some(owner) = store
+            .cluster
+            .hierarchy
             .remote_node(node)
             .and_then(|n| rep.replica.member(&n.replica))
         else {

@@ -13,12 +13,12 @@ use fairplace_proto::v1 as pb;
 use tokio::sync::oneshot;
 use tonic::Status;
 
-use super::convert;
+use crate::convert;
 use crate::metrics as m;
 use crate::store::leases::settle::{self, AgentSink, Settling};
 use crate::store::{Lease, Node, Store, Target};
 
-pub(crate) use super::ack_queue::AckTx;
+pub(crate) use crate::transport::ack_queue::AckTx;
 
 /// How long an allocation with `apply` waits for its agent's answer (under
 /// the server's default 2 s request timeout).
@@ -56,6 +56,7 @@ impl LeaseHub {
     /// it (re)applies the ones with a target and keeps all on record.
     pub async fn resend(&self, store: &Store, node: &Node, tx: &AckTx, released: Vec<u64>) {
         let grants: Vec<pb::LeaseGrant> = store
+            .leases
             .leases_of(node)
             .iter()
             .map(|l| grant_pb(l, &node.id))
@@ -107,21 +108,32 @@ impl LeaseHub {
             return;
         }
         // Only this node's own leases: a node may not end another's.
-        if !store.leases_of(node).iter().any(|l| l.id == o.lease_id) {
+        if !store
+            .leases
+            .leases_of(node)
+            .iter()
+            .any(|l| l.id == o.lease_id)
+        {
             return;
         }
         if o.ok {
-            store.mark_lease_applied(node, o.lease_id);
+            store.leases.mark_lease_applied(node, o.lease_id);
         } else if matches!(
             o.reason.as_str(),
             "gone" | "not_found" | "permission_denied"
         ) {
             // The node's own report ends its own lease (checked above);
             // settled like any end, nobody waits for it.
-            if let Ok((_, _, commit)) = store.begin_end(o.lease_id, |_| Ok::<(), ()>(())) {
+            if let Ok((_, _, commit)) = store.leases.begin_end(o.lease_id, |_| Ok::<(), ()>(())) {
                 let sink: Arc<dyn AgentSink> = Arc::clone(self) as Arc<dyn AgentSink>;
                 let what = Settling::End;
-                drop(settle::spawn(store, &sink, o.lease_id, what, commit));
+                drop(settle::spawn(
+                    &store.leases,
+                    &sink,
+                    o.lease_id,
+                    what,
+                    commit,
+                ));
                 metrics::counter!(m::LEASES_ENDED, "how" => "target_gone").increment(1);
                 tracing::info!(node = %node.id, lease = o.lease_id, reason = %o.reason, message = %o.message, "lease released: the agent cannot apply it");
             }
@@ -160,7 +172,7 @@ impl LeaseHub {
         lock(&self.pending).remove(&lease.id);
         match answer {
             Ok(Ok(o)) if o.ok => {
-                store.mark_lease_applied(node, lease.id);
+                store.leases.mark_lease_applied(node, lease.id);
                 Ok(())
             }
             Ok(Ok(o)) => Err(outcome_status(&o)),

@@ -28,8 +28,8 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tonic::{Request, Status, Streaming};
 
-use super::identity::Caller;
 use super::placement::{Answers, Placement};
+use crate::identity::Caller;
 
 /// A stream with no request for this long (give or take a second) is
 /// ended (UNAVAILABLE: open a new one).

@@ -8,17 +8,19 @@ use fairplace_proto::v1 as pb;
 use fairplace_proto::v1::placement_service_server::PlacementService;
 use tonic::{Request, Response, Status};
 
-use super::convert::{self, PickAnswer};
-use super::heavy::HeavyPool;
-use super::identity::{self, Caller};
-use super::route::{self, Replicated, Route};
+use super::cpu_pool::CpuPool;
+use crate::convert::{self, PickAnswer, Picked};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::decision::{PlaceRequest, Placement as Decision};
 use crate::engine::{can_migrate_task, select_task_rq};
+use crate::identity::{self, Caller};
 use crate::metrics as m;
 use crate::offline::request::decide_value;
-use crate::store::cluster::ClusterRequest;
-use crate::store::{BalanceRequest, Node, Store};
+use crate::replica::route::{self, Replicated, Route};
+use crate::store::hierarchy::ClusterRequest;
+use crate::store::passes::BalanceRequest;
+use crate::store::{Node, Store};
+use crate::transport::fast_unary::PickHere;
 
 /// The answers of one PickCpus stream (`pick_stream.rs`), as the service
 /// returns them.
@@ -33,7 +35,7 @@ const CLAIM_ATTEMPTS: usize = 64;
 pub struct Placement {
     pub store: Arc<Store>,
     /// Decide and Balance run here, off the async workers.
-    pub heavy: HeavyPool,
+    pub heavy: CpuPool,
     /// Carries leases to the agents that apply them.
     pub hub: Arc<super::lease_hub::LeaseHub>,
     /// With `--etcd-endpoints`: the replica set, and calls for other
@@ -79,7 +81,7 @@ impl Placement {
                 Ok(resp)
             })));
         }
-        let node = super::registered_node(&self.store, &r.node_id)?;
+        let node = super::lookup::registered_node(&self.store, &r.node_id)?;
         let answer = self.pick_on(&node, r)?;
         if r.claim {
             count_claims(caller, 1);
@@ -135,13 +137,13 @@ impl Placement {
         let mut task = crate::engine::state::Task::new(1, 0);
         loop {
             let now = Instant::now();
-            let (snap, age) = super::fresh_snapshot(&self.store, node, now)?;
+            let (snap, age) = super::lookup::fresh_snapshot(&self.store, node, now)?;
             let preq = convert::pick_request(r, &snap, &mut task).map_err(convert::invalid)?;
             let view = snap.view(&self.store.config.system);
             let t0 = quanta::Instant::now();
             let p = select_task_rq(view, &task, &preq);
             let took = t0.elapsed().as_secs_f64();
-            if r.claim && !self.store.try_claim(node, snap.version, p.cpu, now) {
+            if r.claim && !self.store.nodes.try_claim(node, snap.version, p.cpu, now) {
                 attempt += 1;
                 metrics::counter!(m::CLAIM_RETRIES).increment(1);
                 if attempt < CLAIM_ATTEMPTS {
@@ -149,7 +151,7 @@ impl Placement {
                 }
                 // Contended: decide once more, holding the node's writer.
                 let sys = self.store.config.system;
-                let (p, version, took) = self.store.claim_locked(node, now, |cur| {
+                let (p, version, took) = self.store.nodes.claim_locked(node, now, |cur| {
                     let view = cur.view(&sys);
                     let t0 = quanta::Instant::now();
                     let p = select_task_rq(view, &task, &preq);
@@ -192,26 +194,26 @@ impl Placement {
         let now = Instant::now();
         if r.kind == pb::RequestKind::Wakeup as i32
             && !r.prev_node.is_empty()
-            && let Some(prev) = self.store.get(&r.prev_node)
+            && let Some(prev) = self.store.nodes.get(&r.prev_node)
         {
             let s = prev.snapshot();
-            if self.store.is_fresh(&s, now) && s.topo.online.intersects(&allowed) {
+            if self.store.nodes.is_fresh(&s, now) && s.topo.online.intersects(&allowed) {
                 let mut resp = self.pick_on(&prev, &r)?.into_response(prev.id.clone());
                 resp.cluster_level = "prev_node".into();
                 return Ok(resp);
             }
         }
-        let selector = convert::selector(&r.selector, &self.store.cluster.config)?;
+        let selector = convert::selector(&r.selector, &self.store.cluster.hierarchy.config)?;
         let origin = if r.origin_node.is_empty() {
             None
         } else {
-            let o = super::registered_node(&self.store, &r.origin_node).map_err(|_| {
+            let o = super::lookup::registered_node(&self.store, &r.origin_node).map_err(|_| {
                 Status::not_found(format!(
                     "origin_node: no node {} is registered",
                     convert::quote(&r.origin_node)
                 ))
             })?;
-            Some((self.store.cluster.path(&o.labels), o.id.clone()))
+            Some((self.store.cluster.hierarchy.path(&o.labels), o.id.clone()))
         };
         let req = ClusterRequest {
             first_allowed_cpu: allowed.first().unwrap_or(0),
@@ -222,7 +224,8 @@ impl Placement {
         let choice = loop {
             let choice = self
                 .store
-                .cluster_pick_excluding(&req, &allowed, &excluded)
+                .cluster
+                .pick_excluding(&req, &allowed, &excluded)
                 .ok_or_else(|| {
                     Status::failed_precondition(
                         "no fresh node matches the selector and can run the task",
@@ -230,7 +233,7 @@ impl Placement {
                 })?;
             metrics::counter!(m::CLUSTER_DECISIONS, "level" => choice.level.clone()).increment(1);
             metrics::histogram!(m::CLUSTER_GROUPS_COMPARED).record(choice.compared as f64);
-            if self.store.get(&choice.node).is_some() {
+            if self.store.nodes.get(&choice.node).is_some() {
                 break choice;
             }
             // Another replica's node: its owner places the task on its live
@@ -243,7 +246,7 @@ impl Placement {
                 out => return out,
             }
         };
-        let node = super::registered_node(&self.store, &choice.node)?;
+        let node = super::lookup::registered_node(&self.store, &choice.node)?;
         // On the chosen node the task is placed like a fork, from this_cpu
         // on the origin node, else from its lowest allowed online CPU.
         let snap = node.snapshot();
@@ -266,11 +269,13 @@ impl Placement {
         caller: &Caller,
         r: &pb::PickCpuRequest,
         allowed: &CpuMask,
-        choice: &crate::store::cluster::ClusterChoice,
+        choice: &crate::store::hierarchy::ClusterChoice,
     ) -> Result<pb::PickCpuResponse, Status> {
         let (rep, owner) = self.remote_owner(&choice.node)?;
         let online = self
             .store
+            .cluster
+            .hierarchy
             .remote_node(&choice.node)
             .map(|n| n.online)
             .unwrap_or_default();
@@ -302,7 +307,7 @@ impl Placement {
             let node = super::allocate::choose_on_cluster(&self.store, &r, &excluded)?;
             let mut q = r.clone();
             q.node_id = node.clone();
-            if self.store.get(&node).is_some() {
+            if self.store.nodes.get(&node).is_some() {
                 return super::allocate::allocate_cpus(self.leasing(), caller, q).await;
             }
             let (rep, owner) = self.remote_owner(&node)?;
@@ -390,8 +395,8 @@ impl PlacementService for Placement {
             .await;
         }
         let r = req.into_inner();
-        let node = super::registered_node(&self.store, &r.node_id)?;
-        let (snap, _) = super::fresh_snapshot(&self.store, &node, Instant::now())?;
+        let node = super::lookup::registered_node(&self.store, &r.node_id)?;
+        let (snap, _) = super::lookup::fresh_snapshot(&self.store, &node, Instant::now())?;
         let (task, env) = convert::migrate_request(&r, &snap).map_err(convert::invalid)?;
         let view = snap.view(&self.store.config.system);
         let d = can_migrate_task(view, &task, &env);
@@ -427,8 +432,8 @@ impl PlacementService for Placement {
                 "cluster_level: a node balance takes no cluster group",
             ));
         }
-        let node = super::registered_node(&self.store, &r.node_id)?;
-        let (snap, _) = super::fresh_snapshot(&self.store, &node, Instant::now())?;
+        let node = super::lookup::registered_node(&self.store, &r.node_id)?;
+        let (snap, _) = super::lookup::fresh_snapshot(&self.store, &node, Instant::now())?;
         let dst_cpus = convert::balance_cpus(&r.cpus, &snap.topo).map_err(convert::invalid)?;
         let breq = BalanceRequest {
             dst_cpus,
@@ -440,7 +445,7 @@ impl PlacementService for Placement {
         let n = Arc::clone(&node);
         let out = self
             .heavy
-            .run("balance", move || store.try_balance(&n, &breq, t0))
+            .run("balance", move || store.passes.try_balance(&n, &breq, t0))
             .await?
             .ok_or_else(|| {
                 Status::aborted(format!(
@@ -566,33 +571,11 @@ impl Placement {
     }
 }
 
-/// A PickCpu's answer: decided at once, or a boxed wait for it. Public,
-/// with [`Placement::pick_one`], for the handler's benchmark.
-pub enum Picked<'a> {
-    /// Decided here, on the request's named node.
-    Now(PickAnswer),
-    Later(std::pin::Pin<Box<dyn Future<Output = Result<pb::PickCpuResponse, Status>> + Send + 'a>>),
-}
-
-impl Picked<'_> {
-    /// The answer as the message; `node_id`, the request's, names the
-    /// node of an answer decided here.
-    pub(super) async fn into_response(
-        self,
-        node_id: String,
-    ) -> Result<pb::PickCpuResponse, Status> {
-        match self {
-            Picked::Now(answer) => Ok(answer.into_response(node_id)),
-            Picked::Later(wait) => wait.await,
-        }
-    }
-}
-
 /// A cluster path claim is counted here when the chosen node is
 /// this replica's (one made through another replica is counted at its
 /// owner).
 fn count_claim_here(store: &Store, caller: &Caller, resp: &pb::PickCpuResponse) {
-    if store.get(&resp.node_id).is_some() {
+    if store.nodes.get(&resp.node_id).is_some() {
         count_claims(caller, 1);
     }
 }
@@ -610,4 +593,16 @@ fn record_decision(node: &Node, preq: &PlaceRequest, p: &Decision, took: f64, ag
     m::record_decision(preq.kind, p.path, p.scanned, took, age);
     // Per node: kept on the node, rendered at scrape time.
     node.count_decision(preq.kind);
+}
+
+/// The fast path (`transport::fast_unary`) decides with the same pick.
+impl PickHere for Placement {
+    fn pick_here<'a>(
+        &'a self,
+        caller: &'a Caller,
+        ext: &'a http::Extensions,
+        r: &mut pb::PickCpuRequest,
+    ) -> Result<Picked<'a>, Status> {
+        self.pick_one(caller, ext, r)
+    }
 }

@@ -1,14 +1,43 @@
-//! Sched features: the global set and per-node overrides, and the node
-//! snapshots republished when they change.
+//! The feature switches: the global set every node starts from, changed
+//! as one step (read, modify, store), and the check of a set's names. A
+//! node's own overrides and kernel profile live with the node (`nodes/`),
+//! which republishes the affected snapshots when either changes.
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
 
 use crate::engine::features::{Features, Kernel};
 use crate::engine::topology::FieldError;
 
-use super::claims::base_cpus;
-use super::{Node, Store};
+/// The global feature set.
+#[derive(Default)]
+pub struct Switches {
+    global: ArcSwap<Features>,
+    /// Serialises changes of the global set (read, modify, store, and the
+    /// republishing that follows).
+    lock: Mutex<()>,
+}
+
+impl Switches {
+    /// The global set now.
+    pub fn global(&self) -> Features {
+        **self.global.load()
+    }
+
+    /// Applies `set` to the global set, then runs `republish` before the
+    /// next change may start (so nodes see the changes in order).
+    pub fn update(&self, set: &[(String, bool)], republish: impl FnOnce()) {
+        let _serial = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut g = self.global();
+        for (k, v) in set {
+            g.set(k, *v);
+        }
+        self.global.store(Arc::new(g));
+        republish();
+    }
+}
 
 /// Every name in `set` is a feature: the field of the first that is not.
 pub fn check_features(set: &[(String, bool)]) -> Result<(), FieldError> {
@@ -23,92 +52,9 @@ pub fn check_features(set: &[(String, bool)]) -> Result<(), FieldError> {
     Ok(())
 }
 
-impl Store {
-    pub fn global_features(&self) -> Features {
-        **self.global.load()
-    }
-
-    /// The node's overrides of the global features.
-    pub fn overrides(&self, node: &Node) -> HashMap<String, bool> {
-        node.writer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .overrides
-            .clone()
-    }
-
-    /// Sets global features (`node = None`) or a node's overrides, and
-    /// republishes the affected snapshots with the new effective features.
-    pub fn set_features(
-        &self,
-        node: Option<&Node>,
-        set: &[(String, bool)],
-        clear_overrides: bool,
-    ) -> Result<(), FieldError> {
-        check_features(set)?;
-        match node {
-            None => {
-                let _serial = self
-                    .global_lock
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                let mut g = self.global_features();
-                for (k, v) in set {
-                    g.set(k, *v);
-                }
-                self.global.store(Arc::new(g));
-                for n in self.nodes() {
-                    self.refresh_features(&n, None, false);
-                }
-            }
-            Some(n) => self.refresh_features(n, Some(set), clear_overrides),
-        }
-        Ok(())
-    }
-
-    pub(super) fn refresh_features(
-        &self,
-        node: &Node,
-        set: Option<&[(String, bool)]>,
-        clear: bool,
-    ) {
-        let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        if clear {
-            w.overrides.clear();
-        }
-        if let Some(set) = set {
-            for (k, v) in set {
-                w.overrides.insert(k.clone(), *v);
-            }
-        }
-        let mut f = self.global_features();
-        for (k, v) in &w.overrides {
-            f.set(k, *v);
-        }
-        let f = kernel_features(f, w.kernel, &w.overrides);
-        let cur = node.snapshot();
-        let cpus = base_cpus(&cur, &w);
-        let topo = Arc::clone(&cur.topo);
-        self.publish(node, &mut w, cpus, topo, f, None, &cur);
-    }
-
-    /// Sets a node's kernel profile (from its registration) and republishes
-    /// its state with the profile's features.
-    pub fn set_kernel(&self, node: &Node, kernel: Kernel) {
-        {
-            let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
-            if w.kernel == kernel && node.snapshot().features.kernel == kernel {
-                return;
-            }
-            w.kernel = kernel;
-        }
-        self.refresh_features(node, None, false);
-    }
-}
-
 /// The features of a node under its kernel profile: under "6.12" the two
 /// switches whose default differs are off unless the node overrides them.
-fn kernel_features(
+pub fn kernel_features(
     global: Features,
     kernel: Kernel,
     overrides: &HashMap<String, bool>,

@@ -1,23 +1,33 @@
 //! The state store: every node's latest state, as an immutable snapshot that
-//! is swapped atomically.
+//! is swapped atomically, and the owners that change it.
 //!
 //! Readers (PickCpu, CanMigrate, the admin calls) load the current snapshot
 //! with one atomic pointer read and decide on it without any lock, so a
 //! decision never waits behind a writer and never sees half an update.
-//! Writers (agent reports, claims, feature changes, claim expiry) serialise
-//! per node on a small mutex, build the next snapshot beside the current one
-//! and publish it. Claims are written optimistically: decide on snapshot v,
-//! then commit the claim only if v is still current, else decide again.
+//! Writers (agent reports, claims, leases, feature changes, claim expiry)
+//! serialise per node on a small mutex, build the next snapshot beside the
+//! current one and publish it. Claims are written optimistically: decide on
+//! snapshot v, then commit the claim only if v is still current, else
+//! decide again.
 //!
-//! This file holds the types and publication; each kind of mutation has its
-//! own file: `ingest` (registration and agent updates), `claims`,
-//! `lifecycle` (freshness, forgetting nodes), `leases/` (the lease
-//! component: their table and phases, their durable log in `log/`, the
-//! settling of every change to a known outcome in `settle`, and their
-//! recovery after a restart or a take-over in `recovery`), `features`, `tasks` (task lists
-//! and runtime reports), `balance` (the node balancer's kept state around
-//! an engine pass), `cache` (the cache-aware accounting), `cluster_pick` and
-//! `cluster_pass` (the cluster hierarchy's placement and balance passes).
+//! This file holds what every owner shares: a node as stored ([`Node`],
+//! its [`Snapshot`] and its writer state) and the [`Table`] of nodes that
+//! publishes their snapshots. The owners, each with its own state and
+//! locks, and [`Store`], the thin composition the service holds:
+//!
+//! | owner | folder | what it owns |
+//! |---|---|---|
+//! | [`nodes::Nodes`] | `nodes/` | registration, reports, claims, staleness, lifecycle, feature overrides |
+//! | [`leases::Leases`] | `leases/` | the lease component: table, phases, settling, recovery, the log |
+//! | [`cluster::Cluster`] | `cluster/` | the cluster hierarchy's picks and passes, other replicas' nodes |
+//! | [`passes::Passes`] | `passes/` | each node's kept balancer and cache-aware state |
+//! | [`features::Switches`] | `features.rs` | the global feature switches |
+//!
+//! Leaves below them: `hierarchy` (the cluster's groups and their sums, kept
+//! by the table on every publish), `report` (an agent's update and its
+//! checks), `labels`. Data flows one way: the service calls an owner; an
+//! owner changes a node under its writer and publishes through the
+//! [`Table`]; `compose` builds the owners and hands each what it needs.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,33 +37,29 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 
-mod balance;
-mod cache;
-mod claims;
 pub mod cluster;
-mod features;
-mod ingest;
+mod compose;
+pub mod features;
+pub mod hierarchy;
 pub mod labels;
 pub mod leases;
-mod lifecycle;
-pub mod remote;
-mod tasks;
+pub mod nodes;
+pub mod passes;
+pub mod report;
 
-pub use balance::{BalanceOutcome, BalanceRequest};
-pub use cache::{CacheSummary, ProcSummary};
-pub use cluster::pass::{ClusterBalanceRequest, PeerMembers};
+pub use compose::Store;
 pub use features::check_features;
-pub use ingest::check_labels;
-pub use labels::LabelPolicy;
+pub use hierarchy::{ClusterChoice, ClusterConfig, ClusterRequest, LevelConfig, RemoteNode};
+pub use labels::{LabelPolicy, check_labels};
 pub use leases::log::{Commit, Epoch, LeaseLog, LeaseOp, LeaseRecord, LogError};
 pub use leases::recovery::{Loaded, Reconciled};
 pub use leases::{
     Change, DEFAULT_MAX_LEASES_PER_CALLER, Ended, Lease, LeaseRefusal, NewLease, OwnerLimits,
     Phase, Renewal, Target, Unallocatable, wall_ms,
 };
-pub use tasks::{CpuTaskList, RuntimeEntry};
+pub use report::{CpuTaskList, Reject, RuntimeEntry, Update};
 /// The limits of one update, for agents to cut their reports to.
-pub use tasks::{
+pub use report::{
     MAX_MASKS_PER_NODE, MAX_RUNTIME_NS, MAX_RUNTIME_PER_CPU, MAX_TASKS_PER_CPU, MAX_TASKS_PER_NODE,
 };
 
@@ -64,9 +70,9 @@ use crate::engine::decision::Kind;
 use crate::engine::features::{Features, Kernel, System};
 use crate::engine::group::NodeAgg;
 use crate::engine::rq::TaskTable;
-use crate::engine::state::{CpuState, NodeState};
+use crate::engine::state::{CpuState, MAX_CLOCK, NodeState};
 use crate::engine::topology::{FieldError, Topology, TopologySpec};
-use cluster::{Cluster, ClusterConfig};
+use hierarchy::Hierarchy;
 
 /// Tunables of the store.
 #[derive(Debug, Clone)]
@@ -82,7 +88,7 @@ pub struct StoreConfig {
     /// Cache-aware scheduling knobs (`sched/llc_balancing/`).
     pub cache: CacheParams,
     /// Nodes held at most: a registration of a new node id beyond it is
-    /// refused ([`RegisterError::Full`]); re-registrations still work.
+    /// refused ([`nodes::RegisterError::Full`]); re-registrations still work.
     pub max_nodes: usize,
     /// Longest node id accepted, in bytes (253: a DNS name).
     pub max_node_id_bytes: usize,
@@ -123,46 +129,6 @@ pub const DEFAULT_MAX_LEASE_TTL: Duration = Duration::from_secs(86_400);
 pub const DEFAULT_MAX_NODES: usize = 20_000;
 /// Default of [`StoreConfig::max_node_id_bytes`]: the length of a DNS name.
 pub const DEFAULT_MAX_NODE_ID_BYTES: usize = 253;
-
-/// Why a registration was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RegisterError {
-    /// A bad node id or topology (INVALID_ARGUMENT).
-    Invalid(FieldError),
-    /// A new node id while the store holds `max` nodes (RESOURCE_EXHAUSTED).
-    Full { max: usize },
-}
-
-impl RegisterError {
-    /// The `fairplace_agent_reports_rejected_total` reason.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            RegisterError::Invalid(_) => "invalid",
-            RegisterError::Full { .. } => "too_many_nodes",
-        }
-    }
-}
-
-impl From<FieldError> for RegisterError {
-    fn from(e: FieldError) -> Self {
-        RegisterError::Invalid(e)
-    }
-}
-
-impl std::fmt::Display for RegisterError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RegisterError::Invalid(e) => write!(f, "{e}"),
-            RegisterError::Full { max } => write!(
-                f,
-                "register.node_id: the server holds its limit of {max} nodes (--max-nodes); \
-                 a new node is refused until one is forgotten"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for RegisterError {}
 
 /// One immutable version of a node's state.
 #[derive(Debug)]
@@ -302,66 +268,10 @@ impl Node {
     }
 }
 
-/// Why an update was refused; the stored state is unchanged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reject {
-    /// A delta whose sequence does not follow the last applied one, or a delta
-    /// before the first full snapshot.
-    OutOfSequence {
-        expected: u64,
-        got: u64,
-    },
-    Invalid(FieldError),
-    /// Another registration took over this node, or it was forgotten.
-    Superseded,
-    /// The server had no room to do the work now (the heavy pool is full).
-    Busy(String),
-}
-
-impl Reject {
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Reject::OutOfSequence { .. } => "out_of_sequence",
-            Reject::Invalid(_) => "invalid",
-            Reject::Superseded => "superseded",
-            Reject::Busy(_) => "busy",
-        }
-    }
-}
-
-impl std::fmt::Display for Reject {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Reject::OutOfSequence { expected, got } => write!(
-                f,
-                "update.seq: {got} does not follow the last applied sequence (expected {expected}, or a full snapshot)"
-            ),
-            Reject::Invalid(e) => write!(f, "{e}"),
-            Reject::Superseded => f.write_str("node_id: a newer registration took over this node"),
-            Reject::Busy(m) => write!(f, "{m}"),
-        }
-    }
-}
-
-/// An update from an agent: complete states of some or all CPUs, their
-/// task lists, and runtime per process.
-#[derive(Debug, Clone, Default)]
-pub struct Update {
-    pub seq: u64,
-    pub full: bool,
-    pub cpus: Vec<(u32, CpuState)>,
-    /// The core cookie of each CPU of `cpus`, in the same order; empty when
-    /// all are 0 (then every listed CPU's cookie is 0).
-    pub core_cookies: Vec<u64>,
-    /// Each list replaces its CPU's; with `full`, unlisted CPUs have none.
-    pub tasks: Vec<CpuTaskList>,
-    pub runtime: Vec<RuntimeEntry>,
-}
-
 /// What a published snapshot carries beside its CPU states: the reported
 /// tasks, and the core cookies when a report changed them (`None` keeps the
 /// current ones).
-pub(super) struct Carried {
+struct Carried {
     pub tasks: Arc<TaskTable>,
     pub core_cookies: Option<Vec<u64>>,
 }
@@ -369,86 +279,54 @@ pub(super) struct Carried {
 /// Built domain trees by (machine type, online CPUs).
 type TopoCache = HashMap<(Arc<TopologySpec>, CpuMask), Weak<Topology>>;
 
-/// Every node's state.
-pub struct Store {
+/// Every registered node, and what publishing a node's snapshot takes:
+/// the shared domain trees and task tables, the cluster sums it keeps in
+/// step, the store's clock. Every owner reads nodes here; only
+/// [`nodes::Nodes`] adds and removes them.
+pub struct Table {
     /// Looked up on every decision: hashed with foldhash (seeded per
     /// store, so ids cannot be chosen to collide in advance), a few
     /// instructions for an id where SipHash takes a hundred and more.
     nodes: DashMap<String, Arc<Node>, foldhash::fast::RandomState>,
-    /// Held while a new node id is checked against `max_nodes` and inserted.
-    admit: Mutex<()>,
-    /// Ids of the nodes that may hold claims: claim expiry visits only
-    /// these, so an idle store does no per-node work for it.
-    claimed: Mutex<std::collections::HashSet<String>>,
     /// Nodes of the same machine type share one built domain tree.
     topo_cache: Mutex<TopoCache>,
     specs: Mutex<HashMap<TopologySpec, Weak<TopologySpec>>>,
-    global: ArcSwap<Features>,
-    /// Serialises changes of the global features (read, modify, store).
-    global_lock: Mutex<()>,
-    next_generation: AtomicU64,
-    pub config: StoreConfig,
-    /// Zones, racks and nodes, with incrementally kept group sums.
-    pub cluster: Cluster,
-    /// The origin of the millisecond clock of balancing and cache epochs.
-    epoch: Instant,
-    /// `nr_balance_failed` of the cluster levels, by (destination node, level).
-    cluster_lb: Mutex<HashMap<(String, String), u32>>,
     /// One empty task table per CPU count, shared by every node without tasks.
     empty_tasks: Mutex<HashMap<usize, Arc<TaskTable>>>,
-    /// Lease id -> node id, and the leases of nodes not registered now.
-    leases: leases::LeaseIndex,
-    /// The durable copy of the leases.
-    log: Arc<dyn LeaseLog>,
-    /// Other replicas' nodes, counted in `cluster` for cluster decisions.
-    remote: remote::RemoteNodes,
+    /// Zones, racks and nodes, with incrementally kept group sums.
+    hierarchy: Arc<Hierarchy>,
+    /// The origin of the millisecond clock of balancing and cache epochs.
+    epoch: Instant,
+    stale_after: Duration,
+    node_reclaim_distance: u32,
 }
 
-impl Store {
-    /// A store whose leases live in memory only.
-    pub fn new(config: StoreConfig) -> Self {
-        Self::with_log(config, Arc::new(leases::log::MemoryLog))
-    }
-
-    /// A store whose leases are committed to `log` (load them with
-    /// [`Store::load_leases`] before serving).
-    pub fn with_log(config: StoreConfig, log: Arc<dyn LeaseLog>) -> Self {
+impl Table {
+    fn new(config: &StoreConfig, hierarchy: Arc<Hierarchy>) -> Self {
         Self {
             nodes: DashMap::default(),
-            admit: Mutex::new(()),
-            claimed: Mutex::new(Default::default()),
             topo_cache: Mutex::new(HashMap::new()),
             specs: Mutex::new(HashMap::new()),
-            global: ArcSwap::from_pointee(Features::default()),
-            global_lock: Mutex::new(()),
-            next_generation: AtomicU64::new(1),
-            cluster: Cluster::new(config.cluster.clone()),
-            config,
-            epoch: Instant::now(),
-            cluster_lb: Mutex::new(HashMap::new()),
             empty_tasks: Mutex::new(HashMap::new()),
-            leases: leases::LeaseIndex::default(),
-            log,
-            remote: Default::default(),
+            hierarchy,
+            epoch: Instant::now(),
+            stale_after: config.stale_after,
+            node_reclaim_distance: config.system.node_reclaim_distance,
         }
-    }
-
-    /// Where leases are kept, for the start-up log line.
-    pub fn lease_log(&self) -> String {
-        self.log.describe()
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Node>> {
         self.nodes.get(id).map(|n| Arc::clone(n.value()))
     }
 
-    /// Every node, in no particular order (cheaper than [`Store::nodes`]).
+    /// Every node, in no particular order (cheaper than [`Table::nodes`]).
     pub fn unsorted_nodes(&self) -> Vec<Arc<Node>> {
         self.nodes.iter().map(|n| Arc::clone(n.value())).collect()
     }
 
+    /// Every node, by id.
     pub fn nodes(&self) -> Vec<Arc<Node>> {
-        let mut v: Vec<Arc<Node>> = self.nodes.iter().map(|n| Arc::clone(n.value())).collect();
+        let mut v = self.unsorted_nodes();
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v
     }
@@ -459,6 +337,100 @@ impl Store {
 
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
+    }
+
+    /// Whether `snap` reports a state newer than `stale_after`.
+    pub fn is_fresh(&self, snap: &Snapshot, now: Instant) -> bool {
+        snap.age(now).is_some_and(|a| a <= self.stale_after)
+    }
+
+    /// The store's millisecond clock.
+    pub fn now_ms(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_millis() as u64
+    }
+
+    /// The `idle_stamp` the store gives a CPU first reported idle at `now`
+    /// (see [`report::fill_idle_stamp`]): ns since the store started,
+    /// never 0.
+    fn idle_stamp_at(&self, now: Instant) -> i64 {
+        let ns = now.saturating_duration_since(self.epoch).as_nanos();
+        ns.clamp(1, MAX_CLOCK as u128) as i64
+    }
+
+    /// The one shared copy of `spec`.
+    fn intern_spec(&self, spec: TopologySpec) -> Arc<TopologySpec> {
+        let mut specs = self.specs.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = specs.get(&spec).and_then(Weak::upgrade) {
+            return s;
+        }
+        specs.retain(|_, w| w.strong_count() > 0);
+        let s = Arc::new(spec.clone());
+        specs.insert(spec, Arc::downgrade(&s));
+        s
+    }
+
+    /// The domain tree of `spec` with these CPUs online, shared by every
+    /// node of the same machine type.
+    fn topology(
+        &self,
+        spec: &Arc<TopologySpec>,
+        online: &CpuMask,
+    ) -> Result<Arc<Topology>, FieldError> {
+        let key = (Arc::clone(spec), *online);
+        let cached = |cache: &TopoCache| cache.get(&key).and_then(Weak::upgrade);
+        if let Some(t) = cached(
+            &self
+                .topo_cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        ) {
+            return Ok(t);
+        }
+        // Built without the lock: a slow build of one machine type must not
+        // hold up registrations of others. Two racing builds of the same
+        // type both build; the first one stored is shared.
+        let t = Arc::new(Topology::build(spec, online, self.node_reclaim_distance)?);
+        let mut cache = self
+            .topo_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(t) = cached(&cache) {
+            return Ok(t);
+        }
+        cache.retain(|_, w| w.strong_count() > 0);
+        cache.insert(key, Arc::downgrade(&t));
+        Ok(t)
+    }
+
+    /// The shared empty task table of `n` CPUs.
+    fn empty_tasks(&self, n: usize) -> Arc<TaskTable> {
+        let mut m = self
+            .empty_tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(m.entry(n).or_insert_with(|| Arc::new(TaskTable::empty(n))))
+    }
+
+    /// Moves the node's contribution to the cluster sums from what it was
+    /// to `now` (`None`: not counted).
+    fn recount(&self, node: &Node, w: &mut Writer, now: Option<NodeAgg>) {
+        if let Some((path, old)) = w.counted.take() {
+            self.hierarchy.contribute(&path, &node.id, &old, -1);
+        }
+        if let Some(a) = now {
+            let path = self.hierarchy.path(&node.labels);
+            self.hierarchy.contribute(&path, &node.id, &a, 1);
+            w.counted = Some((path, a));
+        }
+    }
+
+    /// Publishes the next snapshot from the agent's state under the
+    /// writer's claims and leases, with the snapshot's own topology and
+    /// `features`; the tasks stay.
+    fn republish(&self, node: &Node, w: &mut Writer, cur: &Snapshot, features: Features) -> u64 {
+        let cpus = base_cpus(cur, w);
+        let topo = Arc::clone(&cur.topo);
+        self.publish(node, w, cpus, topo, features, None, cur)
     }
 
     /// Builds and publishes the next snapshot: the agent's state of every
@@ -527,265 +499,16 @@ impl Store {
         node.snap.store(Arc::new(snap));
         version
     }
-
-    /// The store's millisecond clock.
-    pub fn now_ms(&self, now: Instant) -> u64 {
-        now.saturating_duration_since(self.epoch).as_millis() as u64
-    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::topology::CpuTopo;
-
-    fn spec(n: u32) -> TopologySpec {
-        TopologySpec {
-            cpus: (0..n)
-                .map(|i| CpuTopo {
-                    core: i / 2,
-                    cluster: None,
-                    llc: 0,
-                    node: 0,
-                    capacity: 1024,
-                })
-                .collect(),
-            numa_distance: None,
-        }
+/// The agent's state of every CPU: the snapshot's, with claimed CPUs taken
+/// back to what they were before their claims and leased ones to what
+/// they were before their leases.
+fn base_cpus(cur: &Snapshot, w: &Writer) -> Vec<CpuState> {
+    let mut cpus = cur.state.cpus.clone();
+    for (&cpu, slot) in &w.claims {
+        cpus[cpu as usize] = slot.base;
     }
-
-    fn full(n: u32, seq: u64, busy: &[u32]) -> Update {
-        Update {
-            seq,
-            full: true,
-            cpus: (0..n)
-                .map(|i| {
-                    let mut c = CpuState::idle(1024);
-                    if busy.contains(&i) {
-                        c.nr_running = 1;
-                        c.curr_is_idle = false;
-                    }
-                    (i, c)
-                })
-                .collect(),
-            ..Update::default()
-        }
-    }
-
-    #[test]
-    fn deltas_must_follow_a_full_snapshot_in_sequence() {
-        let s = Store::new(StoreConfig::default());
-        let (n, g) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
-        let now = Instant::now();
-        let delta = |seq| Update {
-            seq,
-            full: false,
-            cpus: vec![(1, CpuState::idle(1024))],
-            ..Update::default()
-        };
-        assert!(matches!(
-            s.apply(&n, g, &delta(1), now),
-            Err(Reject::OutOfSequence { .. })
-        ));
-        assert_eq!(s.apply(&n, g, &full(4, 7, &[0]), now), Ok(2));
-        assert!(matches!(
-            s.apply(&n, g, &delta(9), now),
-            Err(Reject::OutOfSequence {
-                expected: 8,
-                got: 9
-            })
-        ));
-        assert!(s.apply(&n, g, &delta(8), now).is_ok());
-        assert_eq!(n.last_seq(), 8);
-    }
-
-    #[test]
-    fn a_rejected_update_leaves_the_state_unchanged() {
-        let s = Store::new(StoreConfig::default());
-        let (n, g) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
-        let now = Instant::now();
-        s.apply(&n, g, &full(4, 1, &[2]), now).unwrap();
-        let before = n.snapshot();
-        let mut bad = CpuState::idle(1024);
-        bad.h_nr_idle = 3;
-        let u = Update {
-            seq: 2,
-            full: false,
-            cpus: vec![(0, CpuState::idle(1024)), (3, bad)],
-            ..Update::default()
-        };
-        match s.apply(&n, g, &u, now) {
-            Err(Reject::Invalid(e)) => assert_eq!(e.field, "update.cpus[1].h_nr_idle"),
-            other => panic!("{other:?}"),
-        }
-        let after = n.snapshot();
-        assert_eq!(before.version, after.version);
-        assert_eq!(before.state.cpus, after.state.cpus);
-        // A full snapshot that misses a CPU is refused too.
-        let mut u = full(4, 2, &[]);
-        u.cpus.pop();
-        assert!(matches!(s.apply(&n, g, &u, now), Err(Reject::Invalid(_))));
-        assert_eq!(n.last_seq(), 1);
-    }
-
-    #[test]
-    fn claims_count_until_a_report_or_the_ttl() {
-        let s = Store::new(StoreConfig::default());
-        let (n, g) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
-        let now = Instant::now();
-        s.apply(&n, g, &full(4, 1, &[]), now).unwrap();
-        let v = n.snapshot().version;
-        assert!(s.try_claim(&n, v, 2, now));
-        assert!(
-            !s.try_claim(&n, v, 3, now),
-            "a stale version must decide again"
-        );
-        let snap = n.snapshot();
-        assert_eq!(snap.state.cpus[2].nr_running, 1);
-        assert!(!snap.state.cpus[2].idle_cpu());
-        assert_eq!(snap.claims, vec![(2, 1)]);
-        // A report of another CPU keeps the claim; a report of CPU 2 ends it.
-        s.apply(
-            &n,
-            g,
-            &Update {
-                seq: 2,
-                full: false,
-                cpus: vec![(1, CpuState::idle(1024))],
-                ..Update::default()
-            },
-            now,
-        )
-        .unwrap();
-        assert_eq!(n.snapshot().state.cpus[2].nr_running, 1);
-        s.apply(
-            &n,
-            g,
-            &Update {
-                seq: 3,
-                full: false,
-                cpus: vec![(2, CpuState::idle(1024))],
-                ..Update::default()
-            },
-            now,
-        )
-        .unwrap();
-        assert_eq!(n.snapshot().state.cpus[2].nr_running, 0);
-        // Expiry.
-        let v = n.snapshot().version;
-        assert!(s.try_claim(&n, v, 0, now));
-        assert_eq!(s.expire_claims(now), 0);
-        assert_eq!(s.expire_claims(now + Duration::from_secs(1)), 1);
-        assert!(n.snapshot().state.cpus[0].idle_cpu());
-    }
-
-    #[test]
-    fn a_claim_decided_under_the_writer_counts_like_an_optimistic_one() {
-        let s = Store::new(StoreConfig::default());
-        let (n, g) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
-        let now = Instant::now();
-        s.apply(&n, g, &full(4, 1, &[]), now).unwrap();
-        let seen = s.claim_locked(&n, now, |cur| (cur.version, Some(3)));
-        let snap = n.snapshot();
-        assert_eq!(snap.version, seen + 1);
-        assert_eq!(snap.claims, vec![(3, 1)]);
-        assert!(!snap.state.cpus[3].idle_cpu());
-        // Claiming nothing publishes nothing.
-        s.claim_locked(&n, now, |_| ((), None));
-        assert_eq!(n.snapshot().version, snap.version);
-    }
-
-    #[test]
-    fn nodes_of_one_machine_type_share_the_domain_tree() {
-        let s = Store::new(StoreConfig::default());
-        let (a, _) = s.register("a", vec![], "t".into(), spec(8)).unwrap();
-        let (b, _) = s.register("b", vec![], "t".into(), spec(8)).unwrap();
-        assert!(Arc::ptr_eq(&a.snapshot().topo, &b.snapshot().topo));
-    }
-
-    #[test]
-    fn a_new_registration_supersedes_the_old_stream() {
-        let s = Store::new(StoreConfig::default());
-        let (n, g1) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
-        let (_, g2) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
-        let now = Instant::now();
-        assert_eq!(
-            s.apply(&n, g1, &full(4, 1, &[]), now),
-            Err(Reject::Superseded)
-        );
-        assert!(s.apply(&n, g2, &full(4, 1, &[]), now).is_ok());
-    }
-
-    #[test]
-    fn new_ids_beyond_max_nodes_are_refused_but_re_registration_works() {
-        let s = Store::new(StoreConfig {
-            max_nodes: 2,
-            ..StoreConfig::default()
-        });
-        s.register("a", vec![], "t".into(), spec(4)).unwrap();
-        let (b, _) = s.register("b", vec![], "t".into(), spec(4)).unwrap();
-        b.count_decision(Kind::Fork);
-        let full_err = s
-            .register("c", vec![], "t".into(), spec(4))
-            .err()
-            .expect("refused");
-        assert_eq!(full_err, RegisterError::Full { max: 2 });
-        assert_eq!(full_err.reason(), "too_many_nodes");
-        assert!(full_err.to_string().contains("--max-nodes"), "{full_err}");
-        // The same topology, and a new one: both are the same node id.
-        s.register("a", vec![], "t".into(), spec(4)).unwrap();
-        let (b2, _) = s.register("b", vec![], "t".into(), spec(8)).unwrap();
-        assert_eq!(b2.decisions()[1], (Kind::Fork, 1), "counts carry over");
-        assert_eq!(s.len(), 2);
-        // A forgotten node makes room.
-        s.forget_stale(Instant::now() + Duration::from_secs(3600));
-        s.register("c", vec![], "t".into(), spec(4)).unwrap();
-    }
-
-    #[test]
-    fn node_ids_are_bounded_and_refusals_quote_a_short_prefix() {
-        let s = Store::new(StoreConfig::default());
-        let ok = "n".repeat(DEFAULT_MAX_NODE_ID_BYTES);
-        s.register(&ok, vec![], "t".into(), spec(2)).unwrap();
-        let long = "n".repeat(1 << 20);
-        match s.register(&long, vec![], "t".into(), spec(2)).err() {
-            Some(RegisterError::Invalid(e)) => {
-                assert_eq!(e.field, "register.node_id");
-                assert!(e.msg.len() < 200, "{}", e.msg);
-                assert!(e.msg.contains("(1048576 bytes)"), "{}", e.msg);
-            }
-            other => panic!("{other:?}"),
-        }
-        for bad in ["", "a\nb", "tab\there"] {
-            assert!(
-                matches!(
-                    s.register(bad, vec![], "t".into(), spec(2)).err(),
-                    Some(RegisterError::Invalid(_))
-                ),
-                "{bad:?}"
-            );
-        }
-        assert_eq!(s.len(), 1);
-    }
-
-    #[test]
-    fn claim_expiry_visits_only_nodes_with_claims() {
-        let s = Store::new(StoreConfig::default());
-        let now = Instant::now();
-        let (a, g) = s.register("a", vec![], "t".into(), spec(4)).unwrap();
-        s.apply(&a, g, &full(4, 1, &[]), now).unwrap();
-        s.register("b", vec![], "t".into(), spec(4)).unwrap();
-        assert!(s.claimed.lock().unwrap().is_empty());
-        assert!(s.try_claim(&a, a.snapshot().version, 1, now));
-        assert_eq!(s.claimed.lock().unwrap().len(), 1);
-        assert_eq!(s.expire_claims(now), 0);
-        assert_eq!(s.claimed.lock().unwrap().len(), 1, "still has a claim");
-        assert_eq!(s.expire_claims(now + Duration::from_secs(1)), 1);
-        assert!(s.claimed.lock().unwrap().is_empty());
-        // A claim taken again after expiry is listed again.
-        assert!(s.try_claim(&a, a.snapshot().version, 2, now));
-        assert_eq!(s.claims_outstanding(), 1);
-        assert_eq!(s.expire_claims(now + Duration::from_secs(1)), 1);
-        assert_eq!(s.claims_outstanding(), 0);
-    }
+    w.leases.restore(&mut cpus);
+    cpus
 }

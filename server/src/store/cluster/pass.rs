@@ -15,10 +15,10 @@ use crate::engine::balance::cluster::{
 use crate::engine::topology::FieldError;
 use crate::quote::quote;
 
-use crate::store::Store;
+use super::Cluster;
 
 /// The group's nodes that other replicas hold, fetched from their owners
-/// for one pass ([`Store::peer_member`]), by id.
+/// for one pass ([`Cluster::peer_member`]), by id.
 pub type PeerMembers = HashMap<String, ClusterMember>;
 
 #[derive(Debug, Clone, Default)]
@@ -31,27 +31,27 @@ pub struct ClusterBalanceRequest {
     pub max_proposals: usize,
 }
 
-impl Store {
+impl Cluster {
     /// One periodic balance across the members of a cluster group: the
     /// nodes registered here and, with replicas, `peers` (the group's
     /// nodes other replicas hold). With `apply`, the destinations on nodes
     /// registered here are claimed; the caller claims the others at their
     /// owners.
-    pub fn cluster_balance(
+    pub fn balance(
         &self,
         req: &ClusterBalanceRequest,
         mut peers: PeerMembers,
         now: Instant,
     ) -> Result<ClusterBalanceOutcome, FieldError> {
         let (li, path) = self.cluster_level_of(req)?;
-        let Some(group) = self.cluster.group(&path) else {
+        let Some(group) = self.hierarchy.group(&path) else {
             return Err(FieldError::new(
                 "cluster_group",
                 format!("no {} {} has nodes", req.level, quote(&req.group)),
             ));
         };
         // The children: nodes at the last level, groups above it.
-        let levels = &self.cluster.config.levels;
+        let levels = &self.hierarchy.config.levels;
         let child_nodes: Vec<Vec<String>> = if li + 1 == levels.len() {
             group.all_nodes().into_iter().map(|id| vec![id]).collect()
         } else {
@@ -69,14 +69,11 @@ impl Store {
         let level = ClusterLevel {
             label: req.level.clone(),
             imbalance_pct: levels[li].imbalance_pct,
-            migration_cost_ns: self.config.system.migration_cost_ns,
+            migration_cost_ns: self.migration_cost_ns,
             max_proposals: req.max_proposals,
         };
         let mut out = {
-            let mut failed = self
-                .cluster_lb
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut failed = self.lb.lock().unwrap_or_else(PoisonError::into_inner);
             cluster_balance(&level, members, &children, &mut failed)
         };
         if req.apply {
@@ -90,7 +87,7 @@ impl Store {
         &self,
         req: &ClusterBalanceRequest,
     ) -> Result<(usize, Vec<String>), FieldError> {
-        let levels = &self.cluster.config.levels;
+        let levels = &self.hierarchy.config.levels;
         let Some(li) = levels.iter().position(|l| l.label == req.level) else {
             let names: Vec<&str> = levels.iter().map(|l| l.label.as_str()).collect();
             return Err(FieldError::new(
@@ -118,16 +115,13 @@ impl Store {
 
     /// The group's nodes that no registration here holds: with replicas,
     /// the nodes other replicas publish, whose state the pass must fetch.
-    pub fn cluster_peer_nodes(
-        &self,
-        req: &ClusterBalanceRequest,
-    ) -> Result<Vec<String>, FieldError> {
+    pub fn peer_nodes(&self, req: &ClusterBalanceRequest) -> Result<Vec<String>, FieldError> {
         let (_, path) = self.cluster_level_of(req)?;
-        let Some(group) = self.cluster.group(&path) else {
+        let Some(group) = self.hierarchy.group(&path) else {
             return Ok(Vec::new());
         };
         let mut ids = group.all_nodes();
-        ids.retain(|id| self.get(id).is_none());
+        ids.retain(|id| self.table.get(id).is_none());
         Ok(ids)
     }
 
@@ -143,7 +137,7 @@ impl Store {
     ) -> Vec<usize> {
         let mut idx = Vec::new();
         for id in ids {
-            let Some(n) = self.get(&id) else {
+            let Some(n) = self.table.get(&id) else {
                 if let Some(m) = peers.remove(&id) {
                     idx.push(members.len());
                     members.push(m);
@@ -151,7 +145,7 @@ impl Store {
                 continue;
             };
             let snap = n.snapshot();
-            if !self.is_fresh(&snap, now) {
+            if !self.table.is_fresh(&snap, now) {
                 continue;
             }
             idx.push(members.len());
@@ -176,8 +170,8 @@ impl Store {
         }
         let mut claimed = 0;
         for (id, cpus) in by_node {
-            if let Some(n) = self.get(id) {
-                claimed += self.claim_cpus(&n, &cpus, now);
+            if let Some(n) = self.table.get(id) {
+                claimed += self.nodes.claim_cpus(&n, &cpus, now);
             }
         }
         claimed

@@ -8,13 +8,13 @@
 //! the [`log::LeaseLog`] trait. Two adapters plug in from outside through
 //! its traits: the etcd log (`replica/log.rs`, a [`log::LeaseLog`]) and the
 //! hub to the agents (`service/lease_hub.rs`, a [`settle::AgentSink`]). What
-//! the service calls: [`Store::allocate_locked`] and the lookups
-//! ([`Store::requested`], [`Store::lease`], [`Store::leases_of`]) for a
-//! grant, [`Store::begin_end`] and [`Store::begin_renew`] for the other
+//! the service calls: [`Leases::allocate_locked`] and the lookups
+//! ([`Leases::requested`], [`Leases::lease`], [`Leases::leases_of`]) for a
+//! grant, [`Leases::begin_end`] and [`Leases::begin_renew`] for the other
 //! changes, each settled by [`settle::spawn`]; the expiry loop calls
-//! [`Store::begin_expiry`]; an agent's registration
-//! [`Store::reconcile_leases`]; a replica's claim
-//! [`Store::take_over_leases`].
+//! [`Leases::begin_expiry`]; an agent's registration
+//! [`Leases::reconcile_leases`]; a replica's claim
+//! [`Leases::take_over_leases`].
 //!
 //! A wakeup claim counts a CPU as running one more task for half a second;
 //! a lease does the same for as long as it lives, so every decision made on
@@ -65,11 +65,10 @@ pub mod log;
 pub mod recovery;
 pub mod settle;
 
-use super::claims::base_cpus;
-use super::{Node, Snapshot, Store, Writer};
+use super::{Node, Snapshot, Table, Writer, base_cpus};
 use crate::engine::cpumask::{CpuMask, MAX_CPUS};
 use crate::engine::state::CpuState;
-use log::{Commit, Epoch, LeaseOp, LeaseRecord, unix_ms_now};
+use log::{Commit, Epoch, LeaseLog, LeaseOp, LeaseRecord, LogError, unix_ms_now};
 
 /// Where a lease is applied on its node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -568,13 +567,48 @@ pub enum Change {
     End,
 }
 
-impl Store {
+/// The lease component's owner: every lease's table and phases, the
+/// index by id, owner and request, the tombstones, and the durable log.
+pub struct Leases {
+    table: Arc<Table>,
+    /// Lease id -> node id, and the leases of nodes not registered now.
+    index: LeaseIndex,
+    /// The durable copy of the leases.
+    log: Arc<dyn LeaseLog>,
+    limits: OwnerLimits,
+    /// How long a tombstone is kept at least, on this process's clock.
+    tombstone_min_keep: Duration,
+}
+
+impl Leases {
+    pub(super) fn new(
+        table: Arc<Table>,
+        log: Arc<dyn LeaseLog>,
+        limits: OwnerLimits,
+        tombstone_min_keep: Duration,
+    ) -> Self {
+        Self {
+            table,
+            index: LeaseIndex::default(),
+            log,
+            limits,
+            tombstone_min_keep,
+        }
+    }
+
+    /// Where leases are kept, for the start-up log line.
+    pub fn describe(&self) -> String {
+        self.log.describe()
+    }
+}
+
+impl Leases {
     /// Decides a lease under the node's writer and submits its grant:
     /// `decide` sees the current snapshot and the CPUs other leases hold,
     /// and returns the lease to make or why not. Deciding under the writer
     /// makes two concurrent allocations see each other: they never share a
     /// CPU. The lease is `Pending` (its CPUs held, nothing shown) until
-    /// [`Store::grant_settled`] hears the commit's outcome.
+    /// [`Leases::grant_settled`] hears the commit's outcome.
     pub fn allocate_locked<T, E: From<Unallocatable>>(
         &self,
         node: &Node,
@@ -591,9 +625,7 @@ impl Store {
         let cur = node.snapshot();
         let held = w.leases.leased();
         let (out, new) = decide(&cur, &held)?;
-        let id = self
-            .leases
-            .reserve(&node.id, &new, self.config.lease_limits)?;
+        let id = self.index.reserve(&node.id, &new, self.limits)?;
         let lease = Lease {
             id,
             cpus: new.cpus,
@@ -610,7 +642,7 @@ impl Store {
             busy: true,
             committed: false,
         };
-        let epoch = self.leases.epoch(&node.id);
+        let epoch = self.index.epoch(&node.id);
         let commit = self
             .log
             .submit(epoch, vec![LeaseOp::Grant(lease.record(&node.id))]);
@@ -642,13 +674,13 @@ impl Store {
     /// The lease granted to `owner` for `request_id`, with its node, if it
     /// is held (in any phase).
     pub fn requested(&self, owner: &str, request_id: &str) -> Option<(String, Lease)> {
-        let id = self.leases.lock().by_request(owner, request_id)?;
+        let id = self.index.lock().by_request(owner, request_id)?;
         self.lease(id)
     }
 
     /// Lease `id` with its node, in whatever phase it is.
     pub fn lease(&self, id: u64) -> Option<(String, Lease)> {
-        let node = self.leases.node_of(id)?;
+        let node = self.index.node_of(id)?;
         let mut edit = |m: &mut BTreeMap<u64, Lease>| m.get(&id).cloned().ok_or(Gone);
         let l = self.edit_lease(id, &mut edit)?.ok()?;
         Some((node, l))
@@ -656,10 +688,8 @@ impl Store {
 
     /// Builds the next snapshot from the agent's state with the writer's
     /// claims and leases on top.
-    pub(super) fn republish(&self, node: &Node, w: &mut Writer, cur: &Snapshot) {
-        let cpus = base_cpus(cur, w);
-        let topo = Arc::clone(&cur.topo);
-        self.publish(node, w, cpus, topo, cur.features, None, cur);
+    fn republish(&self, node: &Node, w: &mut Writer, cur: &Snapshot) {
+        self.table.republish(node, w, cur, cur.features);
     }
 
     /// Runs `edit` on the lease map that holds lease `id`: its node's (the
@@ -668,20 +698,21 @@ impl Store {
     /// for (its node registering or leaving) is looked for again.
     fn edit_lease<R, E>(&self, id: u64, edit: Edit<'_, R, E>) -> Option<Result<R, E>> {
         for _ in 0..4 {
-            let node_id = self.leases.node_of(id)?;
-            if let Some(node) = self.get(&node_id) {
+            let node_id = self.index.node_of(id)?;
+            if let Some(node) = self.table.get(&node_id) {
                 let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
                 if w.leases.leases.contains_key(&id) {
                     let r = edit(&mut w.leases.leases);
                     if !w.leases.leases.contains_key(&id) {
-                        self.leases.lock().remove(id);
+                        self.index.lock().remove(id);
                         // The leased CPUs' saved agent states are kept
                         // until the next publish: the state without the
                         // lease is still at hand.
                         let cur = node.snapshot();
                         let cpus = base_cpus(&cur, &w);
                         let topo = Arc::clone(&cur.topo);
-                        self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
+                        self.table
+                            .publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
                     }
                     return Some(r);
                 }
@@ -701,11 +732,11 @@ impl Store {
         node_id: &str,
         edit: Edit<'_, R, E>,
     ) -> Option<Result<R, E>> {
-        let mut parked = self.leases.parked();
+        let mut parked = self.index.parked();
         let map = parked.get_mut(node_id).filter(|m| m.contains_key(&id))?;
         let r = edit(map);
         if !map.contains_key(&id) {
-            self.leases.lock().remove(id);
+            self.index.lock().remove(id);
         }
         if map.is_empty() {
             parked.remove(node_id);
@@ -723,8 +754,8 @@ impl Store {
         id: u64,
         mut may: impl FnMut(&Lease) -> Result<(), E>,
     ) -> Result<(String, Lease, Commit), LeaseRefusal<E>> {
-        let node = self.leases.node_of(id).ok_or(LeaseRefusal::NotFound)?;
-        let epoch = self.leases.epoch(&node);
+        let node = self.index.node_of(id).ok_or(LeaseRefusal::NotFound)?;
+        let epoch = self.index.epoch(&node);
         let mut edit = |m: &mut BTreeMap<u64, Lease>| {
             let l = m.get_mut(&id).ok_or(LeaseRefusal::NotFound)?;
             may(l).map_err(LeaseRefusal::Refused)?;
@@ -744,7 +775,7 @@ impl Store {
     /// grant of them always reaches it after the end), then the lease is
     /// gone and returned. Not applied: it is live again.
     pub fn end_settled(&self, id: u64, applied: bool, told: &dyn Fn(&str, u64)) -> Option<Ended> {
-        let node = self.leases.node_of(id)?;
+        let node = self.index.node_of(id)?;
         let mut edit = |m: &mut BTreeMap<u64, Lease>| -> Result<Option<Lease>, Gone> {
             let l = m.get_mut(&id).filter(|l| l.phase == Phase::Ending);
             let l = l.ok_or(Gone)?;
@@ -762,7 +793,7 @@ impl Store {
 
     /// Starts renewing lease `id` to `ttl` (or its own ttl) from `now` if
     /// `may` allows it: the renewed record is submitted and nothing changes
-    /// in memory until [`Store::renew_settled`]. Returns its node, what the
+    /// in memory until [`Leases::renew_settled`]. Returns its node, what the
     /// lease becomes, and the commit.
     pub fn begin_renew<E>(
         &self,
@@ -771,8 +802,8 @@ impl Store {
         now: Instant,
         mut may: impl FnMut(&Lease) -> Result<(), E>,
     ) -> Result<(String, Renewal, Commit), LeaseRefusal<E>> {
-        let node = self.leases.node_of(id).ok_or(LeaseRefusal::NotFound)?;
-        let epoch = self.leases.epoch(&node);
+        let node = self.index.node_of(id).ok_or(LeaseRefusal::NotFound)?;
+        let epoch = self.index.epoch(&node);
         let mut edit = |m: &mut BTreeMap<u64, Lease>| {
             let l = m.get_mut(&id).ok_or(LeaseRefusal::NotFound)?;
             may(l).map_err(LeaseRefusal::Refused)?;
@@ -794,7 +825,7 @@ impl Store {
     /// renewal and is returned with its node; either way it is free for
     /// the next change.
     pub fn renew_settled(&self, id: u64, r: &Renewal, applied: bool) -> Option<(String, Lease)> {
-        let node = self.leases.node_of(id)?;
+        let node = self.index.node_of(id)?;
         let mut edit = |m: &mut BTreeMap<u64, Lease>| -> Result<Lease, Gone> {
             let l = m.get_mut(&id).filter(|l| l.phase == Phase::Live && l.busy);
             let l = l.ok_or(Gone)?;
@@ -813,8 +844,8 @@ impl Store {
     /// longer busy with a change (settled meanwhile, or its node was let
     /// go or taken over again).
     pub fn resubmit(&self, id: u64, change: Change) -> Option<Commit> {
-        let node = self.leases.node_of(id)?;
-        let epoch = self.leases.epoch(&node);
+        let node = self.index.node_of(id)?;
+        let epoch = self.index.epoch(&node);
         let mut edit = |m: &mut BTreeMap<u64, Lease>| -> Result<Commit, Gone> {
             let l = m.get(&id).filter(|l| l.busy).ok_or(Gone)?;
             let op = match change {
@@ -847,7 +878,7 @@ impl Store {
     pub(super) fn end_op(&self, node: &str, l: &Lease) -> LeaseOp {
         let until_ms = wall_ms(l.expires);
         let since = Instant::now();
-        self.leases.ended().insert(l.id, Tomb { until_ms, since });
+        self.index.ended().insert(l.id, Tomb { until_ms, since });
         LeaseOp::End {
             id: l.id,
             node: node.to_string(),
@@ -859,18 +890,18 @@ impl Store {
     fn prune_ended(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         let now_ms = unix_ms_now();
-        let last = self.leases.pruned_at_ms.load(Relaxed);
+        let last = self.index.pruned_at_ms.load(Relaxed);
         if now_ms < last.saturating_add(PRUNE_EVERY_MS) {
             return;
         }
-        self.leases.pruned_at_ms.store(now_ms, Relaxed);
+        self.index.pruned_at_ms.store(now_ms, Relaxed);
         let mut past = Vec::new();
         // Kept at least `tombstone_min_keep` on this process's own clock,
         // whatever the wall clock says: a clock ahead must not forget one
         // while a write of its lease may still land late (seconds: a
         // paused etcd member's).
-        let min_keep = self.config.tombstone_min_keep;
-        self.leases.ended().retain(|id, t| {
+        let min_keep = self.tombstone_min_keep;
+        self.index.ended().retain(|id, t| {
             let keep = t.until_ms > now_ms || t.since.elapsed() < min_keep;
             if !keep {
                 past.push(*id);
@@ -894,7 +925,7 @@ impl Store {
             && !l.busy
         {
             l.applied = true;
-            let epoch = self.leases.epoch(&node.id);
+            let epoch = self.index.epoch(&node.id);
             self.log
                 .submit(epoch, vec![LeaseOp::Put(l.record(&node.id))])
                 .detach();
@@ -903,12 +934,12 @@ impl Store {
 
     /// The node lease `id` is on, if this store holds the lease.
     pub fn lease_node(&self, id: u64) -> Option<String> {
-        self.leases.node_of(id)
+        self.index.node_of(id)
     }
 
     /// Whether lease changes can be committed now (a replica that lost
     /// etcd cannot): checked before a change is made in memory.
-    pub fn leases_writable(&self) -> Result<(), super::LogError> {
+    pub fn writable(&self) -> Result<(), LogError> {
         self.log.writable()
     }
 
@@ -926,7 +957,7 @@ impl Store {
     /// Nodes that hold leases (registered or parked), each once.
     fn lease_nodes(&self) -> Vec<String> {
         let mut nodes: Vec<String> = self
-            .leases
+            .index
             .lock()
             .ids
             .values()
@@ -946,12 +977,12 @@ impl Store {
         self.prune_ended();
         let mut out = Vec::new();
         for id in self.lease_nodes() {
-            let epoch = self.leases.epoch(&id);
-            if let Some(node) = self.get(&id) {
+            let epoch = self.index.epoch(&id);
+            if let Some(node) = self.table.get(&id) {
                 let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
                 self.take_expired(&id, epoch, &mut w.leases.leases, now, &mut out);
             }
-            if let Some(map) = self.leases.parked().get_mut(&id) {
+            if let Some(map) = self.index.parked().get_mut(&id) {
                 self.take_expired(&id, epoch, map, now, &mut out);
             }
         }
@@ -989,7 +1020,7 @@ impl Store {
         };
         let n = leases.len();
         if n > 0 {
-            self.leases
+            self.index
                 .parked()
                 .entry(node.to_string())
                 .or_default()
@@ -1007,11 +1038,11 @@ impl Store {
             // Replaced already: the newer node takes them.
             return Vec::new();
         }
-        let Some(parked) = self.leases.parked().remove(&node.id) else {
+        let Some(parked) = self.index.parked().remove(&node.id) else {
             return Vec::new();
         };
         let nr_cpus = node.spec.cpus.len();
-        let epoch = self.leases.epoch(&node.id);
+        let epoch = self.index.epoch(&node.id);
         let mut ended = Vec::new();
         for (id, lease) in parked {
             let fits = lease.cpus.iter().all(|c| c < nr_cpus);
@@ -1032,7 +1063,7 @@ impl Store {
                 self.log
                     .submit(epoch, vec![self.end_op(&node.id, &lease)])
                     .detach();
-                self.leases.lock().remove(id);
+                self.index.lock().remove(id);
                 ended.push(Ended {
                     node: node.id.clone(),
                     lease,
@@ -1054,7 +1085,7 @@ impl Store {
     /// ownership period reads them again from the log before it decides.
     pub(super) fn drop_node_leases(&self, node: &str) -> usize {
         let mut dropped = Vec::new();
-        if let Some(n) = self.get(node) {
+        if let Some(n) = self.table.get(node) {
             let mut w = n.writer.lock().unwrap_or_else(PoisonError::into_inner);
             if !w.leases.leases.is_empty() {
                 dropped.extend(std::mem::take(&mut w.leases.leases).into_keys());
@@ -1062,10 +1093,10 @@ impl Store {
                 self.republish(&n, &mut w, &cur);
             }
         }
-        if let Some(p) = self.leases.parked().remove(node) {
+        if let Some(p) = self.index.parked().remove(node) {
             dropped.extend(p.into_keys());
         }
-        let mut index = self.leases.lock();
+        let mut index = self.index.lock();
         for id in &dropped {
             index.remove(*id);
         }
@@ -1076,11 +1107,11 @@ impl Store {
     /// parked): they leave memory without ending, and whoever claims the
     /// node next reads them from the log again. Returns how many.
     pub(super) fn let_go_leases(&self, node: &str) -> usize {
-        self.leases.set_epoch(node, None);
-        let Some(parked) = self.leases.parked().remove(node) else {
+        self.index.set_epoch(node, None);
+        let Some(parked) = self.index.parked().remove(node) else {
             return 0;
         };
-        let mut index = self.leases.lock();
+        let mut index = self.index.lock();
         for id in parked.keys() {
             index.remove(*id);
         }
@@ -1092,12 +1123,12 @@ impl Store {
     pub fn leases_outstanding(&self) -> (usize, usize) {
         let (mut leases, mut cpus) = (0, 0);
         for id in self.lease_nodes() {
-            if let Some(n) = self.get(&id) {
+            if let Some(n) = self.table.get(&id) {
                 let w = n.writer.lock().unwrap_or_else(PoisonError::into_inner);
                 leases += w.leases.leases.len();
                 cpus += w.leases.leased().weight();
             }
-            if let Some(m) = self.leases.parked().get(&id) {
+            if let Some(m) = self.index.parked().get(&id) {
                 leases += m.len();
                 cpus += m.values().map(|l| l.cpus.weight()).sum::<usize>();
             }

@@ -1,6 +1,6 @@
 //! Getting leases back after a restart, from both witnesses: the lease log
-//! at start ([`Store::load_leases`]) and each node's agent when it
-//! registers ([`Store::reconcile_leases`]).
+//! at start ([`Leases::load_leases`]) and each node's agent when it
+//! registers ([`Leases::reconcile_leases`]).
 //!
 //! The log is the first witness: every lease it holds is parked under its
 //! node and goes back into the node when the node's
@@ -35,11 +35,13 @@
 
 use std::time::Instant;
 
+use super::Leases;
+use super::log::Commit;
 use super::log::{Epoch, LeaseOp, LeaseRecord, LogError, unix_ms_now};
 use super::{Lease, Phase};
 use crate::engine::cpumask::CpuMask;
 use crate::metrics as m;
-use crate::store::{Commit, Node, Store};
+use crate::store::Node;
 
 fn recovered(how: &'static str, n: usize) {
     if n > 0 {
@@ -47,7 +49,7 @@ fn recovered(how: &'static str, n: usize) {
     }
 }
 
-/// What [`Store::load_leases`] found in the log.
+/// What [`Leases::load_leases`] found in the log.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Loaded {
     /// Live leases, parked until their nodes register.
@@ -56,7 +58,7 @@ pub struct Loaded {
     pub unreadable: usize,
 }
 
-/// What [`Store::reconcile_leases`] did with an agent's report.
+/// What [`Leases::reconcile_leases`] did with an agent's report.
 #[derive(Default)]
 pub struct Reconciled {
     pub kept: usize,
@@ -78,7 +80,7 @@ enum Verdict {
     Refuse(&'static str),
 }
 
-impl Store {
+impl Leases {
     /// Reads the log once at start: live leases are parked under their
     /// nodes, expired and unreadable ones are deleted, tombstones still in
     /// their time kept (the others deleted).
@@ -90,7 +92,7 @@ impl Store {
     /// The ownership period `node`'s leases in memory were loaded in (0:
     /// none): a claim at another epoch must load them again.
     pub fn lease_epoch(&self, node: &str) -> Epoch {
-        self.leases.epoch(node)
+        self.index.epoch(node)
     }
 
     /// A replica taking over `node` in ownership period `epoch` (it now
@@ -107,7 +109,7 @@ impl Store {
         mut stored: super::log::Stored,
         now: Instant,
     ) -> Option<Loaded> {
-        if self.leases.epoch(node) == epoch {
+        if self.index.epoch(node) == epoch {
             return None;
         }
         let dropped = self.drop_node_leases(node);
@@ -119,12 +121,12 @@ impl Store {
                 "leases of an earlier ownership period dropped; reading them again"
             );
         }
-        self.leases.set_epoch(node, Some(epoch));
+        self.index.set_epoch(node, Some(epoch));
         stored.leases.retain(|r| r.node == node);
         let loaded = self.park_stored(stored, now);
         // A node still registered here takes them at once: its decisions
         // must count them before anything more is granted on it.
-        if let Some(n) = self.get(node) {
+        if let Some(n) = self.table.get(node) {
             self.unpark_leases(&n);
         }
         Some(loaded)
@@ -141,14 +143,14 @@ impl Store {
         {
             // Every tombstone is kept here for a while whatever the wall
             // clock says; pruning forgets it later.
-            let mut ended = self.leases.ended();
+            let mut ended = self.index.ended();
             for (until_ms, id) in stored.ended.into_iter().map(|(id, u)| (u, id)) {
                 let since = now;
                 ended.insert(id, super::Tomb { until_ms, since });
             }
         }
-        let mut parked = self.leases.parked();
-        let mut index = self.leases.lock();
+        let mut parked = self.index.parked();
+        let mut index = self.index.lock();
         for r in stored.leases {
             let Some(mut lease) = Lease::from_record(&r, now, now_ms) else {
                 out.unreadable += 1;
@@ -196,7 +198,7 @@ impl Store {
             return out;
         }
         let cur = node.snapshot();
-        let base = crate::store::claims::base_cpus(&cur, &w);
+        let base = crate::store::base_cpus(&cur, &w);
         // The CPUs live leases hold: most reports overlap none, and are
         // judged without a look at each lease.
         let mut held_cpus = w.leases.leased();
@@ -222,9 +224,10 @@ impl Store {
             }
         }
         if !ops.is_empty() {
-            out.commit = Some(self.log.submit(self.leases.epoch(&node.id), ops));
+            out.commit = Some(self.log.submit(self.index.epoch(&node.id), ops));
             let topo = std::sync::Arc::clone(&cur.topo);
-            self.publish(node, &mut w, base, topo, cur.features, None, &cur);
+            self.table
+                .publish(node, &mut w, base, topo, cur.features, None, &cur);
         }
         recovered("kept", out.kept);
         recovered("adopted", out.adopted);
@@ -244,7 +247,7 @@ impl Store {
     ) {
         tracing::info!(node = %node.id, lease = l.id, cpus = %l.cpus, holder = %l.holder, "lease adopted from the node's agent");
         ops.push(LeaseOp::Grant(l.record(&node.id)));
-        self.leases
+        self.index
             .lock()
             .add(l.id, &node.id, &l.owner, l.cpus.weight(), &l.request_id);
         l.phase = Phase::Pending;
@@ -265,10 +268,10 @@ impl Store {
         if leases.leases.contains_key(&r.id) {
             return Verdict::Kept;
         }
-        if self.leases.ended().contains_key(&r.id) {
+        if self.index.ended().contains_key(&r.id) {
             return Verdict::Refuse("it ended while the agent was away");
         }
-        if r.id == 0 || self.leases.lock().contains(r.id) {
+        if r.id == 0 || self.index.lock().contains(r.id) {
             return Verdict::Refuse("its id is another node's lease");
         }
         if self.log.authoritative() {
@@ -296,10 +299,10 @@ impl Store {
 
 /// The epoch a batch of recovery ops is fenced on: its node's, when every
 /// op is of one node; else none (a restart's embedded log).
-fn stored_epoch(store: &Store, ops: &[LeaseOp]) -> Epoch {
+fn stored_epoch(store: &Leases, ops: &[LeaseOp]) -> Epoch {
     let mut nodes = ops.iter().filter_map(LeaseOp::node);
     match nodes.next() {
-        Some(n) if nodes.all(|m| m == n) => store.leases.epoch(n),
+        Some(n) if nodes.all(|m| m == n) => store.index.epoch(n),
         _ => 0,
     }
 }

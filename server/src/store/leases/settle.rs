@@ -35,10 +35,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Leases;
 use super::log::{Commit, LogError};
 use super::{Change, Lease, Renewal};
 use crate::metrics as m;
-use crate::store::Store;
 
 /// The first wait before a change is written again; it doubles up to
 /// [`RETRY_MAX`].
@@ -87,7 +87,7 @@ pub type Outcome = Result<Option<(String, Lease)>, LogError>;
 /// outcome (its caller went away), the change is settled on a task all
 /// the same, as an unknown one.
 pub async fn settle(
-    store: &Arc<Store>,
+    store: &Arc<Leases>,
     sink: &Arc<dyn AgentSink>,
     id: u64,
     what: Settling,
@@ -117,7 +117,7 @@ pub async fn settle(
 
 /// [`settle`] on a task of its own, for callers that do not wait.
 pub fn spawn(
-    store: &Arc<Store>,
+    store: &Arc<Leases>,
     sink: &Arc<dyn AgentSink>,
     id: u64,
     what: Settling,
@@ -130,7 +130,7 @@ pub fn spawn(
 /// A first write waited for; dropped while armed, its outcome is settled
 /// as an unknown one.
 struct Waiting<'a> {
-    store: &'a Arc<Store>,
+    store: &'a Arc<Leases>,
     sink: &'a Arc<dyn AgentSink>,
     id: u64,
     what: Settling,
@@ -150,7 +150,7 @@ impl Drop for Waiting<'_> {
 /// write is acknowledged; then memory takes the outcome. Only an
 /// acknowledged write settles: a refused one says nothing of whether the
 /// first write applied before (the fence moved, the lease changed).
-async fn again(store: Arc<Store>, sink: Arc<dyn AgentSink>, id: u64, what: Settling) {
+async fn again(store: Arc<Leases>, sink: Arc<dyn AgentSink>, id: u64, what: Settling) {
     metrics::counter!(m::LEASE_UNKNOWN, "change" => what.label()).increment(1);
     let change = settling_change(&store, id, what);
     let mut backoff = RETRY_MIN;
@@ -180,7 +180,7 @@ async fn again(store: Arc<Store>, sink: Arc<dyn AgentSink>, id: u64, what: Settl
 }
 
 /// The write that settles `what` once its first outcome was unknown.
-fn settling_change(store: &Store, id: u64, what: Settling) -> Change {
+fn settling_change(store: &Leases, id: u64, what: Settling) -> Change {
     match what {
         Settling::Grant { forward: true } => Change::GrantForward,
         Settling::Grant { forward: false } => {
@@ -194,7 +194,7 @@ fn settling_change(store: &Store, id: u64, what: Settling) -> Change {
 
 /// Makes memory match a known outcome.
 fn apply(
-    store: &Store,
+    store: &Leases,
     sink: &dyn AgentSink,
     id: u64,
     what: Settling,
@@ -226,7 +226,7 @@ impl AgentSink for NoAgents {
 /// is settled; returns the ended leases with their nodes. The service's
 /// expiry loop does the same without waiting; this is for callers that
 /// want the outcome (tests, a store without agents).
-pub async fn expire(store: &Arc<Store>, now: std::time::Instant) -> Vec<(String, Lease)> {
+pub async fn expire(store: &Arc<Leases>, now: std::time::Instant) -> Vec<(String, Lease)> {
     let sink: Arc<dyn AgentSink> = Arc::new(NoAgents);
     let mut out = Vec::new();
     for (_, id, commit) in store.begin_expiry(now) {

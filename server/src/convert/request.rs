@@ -4,6 +4,7 @@
 use fairplace_proto::codec::PREFIX;
 use fairplace_proto::v1 as pb;
 use prost::encoding as wire;
+use tonic::Status;
 
 use crate::engine::balance::migrate::{IdleType, MigrateDecision, MigrateEnv, MigrationType, lbf};
 use crate::engine::decision::{Kind, PlaceRequest, Placement};
@@ -12,7 +13,7 @@ use crate::engine::state::Task;
 use crate::engine::topology::{FieldError, Topology};
 use crate::store::Snapshot;
 
-use super::{cpu_in, cpulist, err, signal};
+use super::fields::{cpu_in, cpulist, err, signal};
 
 /// A task for a placement or a migration check; `task_cpu` stands in for
 /// prev_cpu where the request fixes it.
@@ -75,7 +76,7 @@ pub fn task_into(
         exec_start,
         hot,
     } = task;
-    *policy = super::policy(t.policy, "task.policy")?;
+    *policy = super::fields::policy(t.policy, "task.policy")?;
     // Most tasks may run anywhere: their mask is filled in place, and a
     // given list is parsed only when there is one.
     if t.cpus_allowed.trim().is_empty() {
@@ -139,7 +140,7 @@ pub fn pick_request(
 
 /// A placement's answer on a named node, before it becomes a
 /// `PickCpuResponse`: the path and the wake-affine reason stay the engine's
-/// static names, and the node id stays the request's. The lean unary path
+/// static names, and the node id stays the request's. The fast unary path (`transport::fast_unary`)
 /// encodes it straight into the answer's frame ([`PickAnswer::framed`]), so
 /// a decision allocates no strings and builds no response message; every
 /// other path turns it into the message ([`PickAnswer::into_response`]).
@@ -345,7 +346,7 @@ pub fn migrate_response(m: &MigrateDecision, snap: &Snapshot) -> pb::CanMigrateR
 /// key order.
 pub fn selector(
     given: &std::collections::BTreeMap<String, String>,
-    cluster: &crate::store::cluster::ClusterConfig,
+    cluster: &crate::store::hierarchy::ClusterConfig,
 ) -> Result<Vec<(String, String)>, tonic::Status> {
     let levels: Vec<&str> = cluster.levels.iter().map(|l| l.label.as_str()).collect();
     let mut out = Vec::with_capacity(given.len());
@@ -353,13 +354,34 @@ pub fn selector(
         if !levels.contains(&k.as_str()) {
             return Err(tonic::Status::invalid_argument(format!(
                 "selector.{}: only the hierarchy's labels ({}) can select",
-                super::field_key(k),
+                crate::quote::field_key(k),
                 levels.join(", ")
             )));
         }
         out.push((k.clone(), v.clone()));
     }
     Ok(out)
+}
+
+/// A PickCpu's answer: decided at once, or a boxed wait for it (a forward
+/// to the node's owner, the cluster path). The placement handler gives it;
+/// the tonic route and the fast path (`transport::fast_unary`) each turn it
+/// into their answer.
+pub enum Picked<'a> {
+    /// Decided here, on the request's named node.
+    Now(PickAnswer),
+    Later(std::pin::Pin<Box<dyn Future<Output = Result<pb::PickCpuResponse, Status>> + Send + 'a>>),
+}
+
+impl Picked<'_> {
+    /// The answer as the message; `node_id`, the request's, names the
+    /// node of an answer decided here.
+    pub async fn into_response(self, node_id: String) -> Result<pb::PickCpuResponse, Status> {
+        match self {
+            Picked::Now(answer) => Ok(answer.into_response(node_id)),
+            Picked::Later(wait) => wait.await,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -401,7 +423,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
 
-        /// The lean path's frame is byte for byte prost's frame of the
+        /// The fast path's frame is byte for byte prost's frame of the
         /// message the other paths answer with.
         #[test]
         fn a_framed_answer_is_the_framed_response_message((a, node) in answers()) {

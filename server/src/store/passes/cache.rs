@@ -8,7 +8,8 @@ use std::time::Instant;
 use crate::engine::cache::{CacheState, LlcMap, ScanReport, ScanStrategy};
 use crate::engine::cpumask::CpuMask;
 
-use super::{Node, NodeCache, RuntimeEntry, Snapshot, Store};
+use super::Passes;
+use crate::store::{Node, NodeCache, RuntimeEntry, Snapshot};
 
 /// One process's cache-aware state, for the admin view.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +41,7 @@ pub struct CacheSummary {
     pub changes: u64,
 }
 
-impl Store {
+impl Passes {
     /// Runs `f` on the node's cache-aware state, kept in step with its
     /// online CPUs; with `create`, made if the node has none yet.
     pub(super) fn with_cache<T>(
@@ -58,7 +59,7 @@ impl Store {
             *guard = Some(Box::new(NodeCache {
                 // The epoch clocks count from the store's start, as the
                 // kernel's from boot.
-                state: CacheState::new(node.spec.cpus.len(), self.config.cache, 0),
+                state: CacheState::new(node.spec.cpus.len(), self.cache, 0),
                 llc: LlcMap::new(&snap.topo),
             }));
         }
@@ -82,7 +83,7 @@ impl Store {
         } else {
             ScanStrategy::Full
         };
-        let now_ms = self.now_ms(now);
+        let now_ms = self.table.now_ms(now);
         self.with_cache(node, true, |c| {
             let mut scans = Vec::new();
             for e in runtime {
@@ -140,7 +141,7 @@ impl Store {
     /// The node's cache-aware state, for the admin view.
     pub fn cache_summary(&self, node: &Node, now: Instant) -> CacheSummary {
         let snap = node.snapshot();
-        let now_ms = self.now_ms(now);
+        let now_ms = self.table.now_ms(now);
         let f = &snap.features;
         let summary = |llc: &LlcMap| {
             let mut ids = vec![0u32; llc.nr_llc()];

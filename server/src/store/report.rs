@@ -1,19 +1,119 @@
-//! Task lists and runtime reports: validation and merging into the next
-//! snapshot's [`TaskTable`].
+//! An agent's report as the store takes it: the [`Update`] (CPU states,
+//! task lists, runtime per process), every check made of it before
+//! anything is stored ([`check_update_cpus`], the task lists' and the
+//! runtime entries'), and the merging of its task lists into the next
+//! snapshot's [`TaskTable`]. One place checks a report: the node owner
+//! applies only what passed here, and a peer's node state sent for a
+//! cluster pass is checked by the same functions.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::engine::cache::ScanReport;
 use crate::engine::cpumask::CpuMask;
 use crate::engine::rq::{RqTask, TaskTable};
-use crate::engine::state::MAX_CLOCK;
-use crate::engine::topology::FieldError;
-
-use super::Update;
+use crate::engine::state::{CpuState, MAX_CLOCK};
+use crate::engine::topology::{FieldError, TopologySpec};
 
 pub use fairplace_types::limits::{
     MAX_MASKS_PER_NODE, MAX_RUNTIME_NS, MAX_RUNTIME_PER_CPU, MAX_TASKS_PER_CPU, MAX_TASKS_PER_NODE,
 };
+
+/// Why an update was refused; the stored state is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reject {
+    /// A delta whose sequence does not follow the last applied one, or a delta
+    /// before the first full snapshot.
+    OutOfSequence {
+        expected: u64,
+        got: u64,
+    },
+    Invalid(FieldError),
+    /// Another registration took over this node, or it was forgotten.
+    Superseded,
+    /// The server had no room to do the work now (the heavy pool is full).
+    Busy(String),
+}
+
+impl Reject {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Reject::OutOfSequence { .. } => "out_of_sequence",
+            Reject::Invalid(_) => "invalid",
+            Reject::Superseded => "superseded",
+            Reject::Busy(_) => "busy",
+        }
+    }
+}
+
+impl std::fmt::Display for Reject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reject::OutOfSequence { expected, got } => write!(
+                f,
+                "update.seq: {got} does not follow the last applied sequence (expected {expected}, or a full snapshot)"
+            ),
+            Reject::Invalid(e) => write!(f, "{e}"),
+            Reject::Superseded => f.write_str("node_id: a newer registration took over this node"),
+            Reject::Busy(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+/// An update from an agent: complete states of some or all CPUs, their
+/// task lists, and runtime per process.
+#[derive(Debug, Clone, Default)]
+pub struct Update {
+    pub seq: u64,
+    pub full: bool,
+    pub cpus: Vec<(u32, CpuState)>,
+    /// The core cookie of each CPU of `cpus`, in the same order; empty when
+    /// all are 0 (then every listed CPU's cookie is 0).
+    pub core_cookies: Vec<u64>,
+    /// Each list replaces its CPU's; with `full`, unlisted CPUs have none.
+    pub tasks: Vec<CpuTaskList>,
+    pub runtime: Vec<RuntimeEntry>,
+}
+
+/// What an applied report changed, from the one call that applies it
+/// ([`crate::store::Store::report`]): the caller records its metrics from
+/// this, once.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// The snapshot version published.
+    pub version: u64,
+    pub seq: u64,
+    pub full: bool,
+    /// CPU states and tasks the report carried.
+    pub cpus: usize,
+    pub tasks: usize,
+    /// The online CPUs changed: the domain tree was rebuilt.
+    pub rebuilt: bool,
+    /// The cache-aware scans the report's runtime made due.
+    pub scans: Vec<ScanReport>,
+}
+
+/// The CPUs online once `u` is applied over `online`.
+pub fn online_after(online: &CpuMask, u: &Update) -> CpuMask {
+    let mut next = *online;
+    for (id, c) in &u.cpus {
+        if (*id as usize) < crate::engine::cpumask::MAX_CPUS {
+            if c.online {
+                next.set(*id as usize);
+            } else {
+                next.clear(*id as usize);
+            }
+        }
+    }
+    next
+}
+
+/// Whether `u` changes which CPUs are online (a hotplug): applying it
+/// rebuilds the node's domain tree, heavy work the service runs off its
+/// async workers.
+pub fn changes_online(online: &CpuMask, u: &Update) -> bool {
+    online_after(online, u) != *online
+}
 
 /// One CPU's runnable tasks as reported; each task's affinity as a mask
 /// (`None` = every CPU).
@@ -33,7 +133,7 @@ pub struct RuntimeEntry {
     pub nr_threads: u32,
 }
 
-pub(super) fn check_runtime(entries: &[RuntimeEntry], n: usize) -> Result<(), FieldError> {
+pub fn check_runtime(entries: &[RuntimeEntry], n: usize) -> Result<(), FieldError> {
     if entries.len() > MAX_RUNTIME_PER_CPU * n {
         return Err(FieldError::new(
             "update.runtime",
@@ -71,7 +171,7 @@ pub(super) fn check_runtime(entries: &[RuntimeEntry], n: usize) -> Result<(), Fi
 /// The task table after `u`: checked first, so a bad list changes nothing.
 /// A full update replaces every list; a delta replaces the listed CPUs', and
 /// a task it lists is removed from any other CPU (it moved).
-pub(super) fn merge(
+pub fn merge(
     cur: &Arc<TaskTable>,
     u: &Update,
     n: usize,
@@ -282,4 +382,80 @@ fn compact_masks(t: &mut TaskTable, n: usize) {
     }
     t.masks = keep;
     t.reindex_masks();
+}
+
+/// A node's core cookies after `u` (by CPU); `None` when neither the node
+/// nor the update has any, so nodes without core scheduling copy nothing.
+pub fn next_core_cookies(cur: &[u64], u: &Update, n: usize) -> Option<Vec<u64>> {
+    if cur.is_empty() && u.core_cookies.is_empty() {
+        return None;
+    }
+    let mut next = if cur.is_empty() {
+        vec![0; n]
+    } else {
+        cur.to_vec()
+    };
+    for (k, (id, _)) in u.cpus.iter().enumerate() {
+        next[*id as usize] = u.core_cookies.get(k).copied().unwrap_or(0);
+    }
+    Some(next)
+}
+
+/// An update's CPU states checked against the node's hardware: each CPU
+/// in the topology, listed once, in range, and every CPU in a full
+/// snapshot. Returns the CPUs listed.
+pub fn check_update_cpus(spec: &TopologySpec, u: &Update) -> Result<CpuMask, FieldError> {
+    let n = spec.cpus.len();
+    let mut seen = CpuMask::new();
+    for (k, (id, c)) in u.cpus.iter().enumerate() {
+        let field = |f: &str| format!("update.cpus[{k}].{f}");
+        let id = *id as usize;
+        if id >= n {
+            return Err(FieldError::new(
+                field("id"),
+                format!("CPU {id} is not in the topology ({n} CPUs)"),
+            ));
+        }
+        if seen.test(id) {
+            return Err(FieldError::new(
+                field("id"),
+                format!("CPU {id} is listed twice"),
+            ));
+        }
+        seen.set(id);
+        c.check(spec.cpus[id].capacity)
+            .map_err(|(f, msg)| FieldError::new(field(f), msg))?;
+    }
+    if u.full && seen.weight() != n {
+        let missing = CpuMask::first_n(n).andnot(&seen);
+        return Err(FieldError::new(
+            "update.cpus",
+            format!("a full snapshot must list every CPU; missing {missing}"),
+        ));
+    }
+    Ok(seen)
+}
+
+/// A reported CPU, with an `idle_stamp` if it is idle and came without one.
+///
+/// The kernel sets `rq->idle_stamp` (its runqueue clock) whenever a CPU goes
+/// idle, so an idle CPU has a non-zero one; `sched_balance_find_dst_group_cpu`
+/// takes, among idle CPUs of equal exit latency (or none), the one with the
+/// latest stamp *above 0*. With every stamp 0, as a reporter without
+/// cpuidle information sends, it takes none and falls back to `this_cpu`:
+/// concurrent claimed forks would all land there. So an idle CPU reported
+/// with 0 gets the time of the report that first showed it idle (the store's
+/// clock, ns since it started), kept while later reports show it still idle
+/// and dropped once one shows it running. Stamps a reporter sends are kept
+/// as they are; a reporter that sends some and leaves others 0 mixes two
+/// clocks, as unsynchronised runqueue clocks would.
+pub fn fill_idle_stamp(mut c: CpuState, prev: &CpuState, now: i64) -> CpuState {
+    if c.idle_stamp == 0 && c.online && c.idle_cpu() {
+        c.idle_stamp = if prev.online && prev.idle_cpu() && prev.idle_stamp != 0 {
+            prev.idle_stamp
+        } else {
+            now
+        };
+    }
+    c
 }

@@ -69,19 +69,71 @@ struct Exposition {
     render: tokio::sync::Mutex<()>,
 }
 
+/// Why the metrics port cannot be served: its address cannot be bound
+/// (in use, not this host's), the socket cannot be set up, or the metrics
+/// recorder cannot be installed. The server stops at start rather than run
+/// without its metrics and health endpoint.
+#[derive(Debug)]
+pub enum ExpositionError {
+    /// `--metrics-addr` cannot be bound.
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// The bound socket's address cannot be read.
+    LocalAddr(std::io::Error),
+    /// The socket cannot be made non-blocking or handed to Tokio.
+    Listener(std::io::Error),
+    /// The metrics recorder cannot be installed.
+    Recorder(m::RecorderError),
+}
+
+impl std::fmt::Display for ExpositionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExpositionError::Bind { addr, source } => write!(f, "metrics address {addr}: {source}"),
+            ExpositionError::LocalAddr(e) => write!(f, "{e}"),
+            ExpositionError::Listener(e) => write!(f, "metrics listener: {e}"),
+            ExpositionError::Recorder(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ExpositionError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ExpositionError::Bind { source: e, .. }
+            | ExpositionError::LocalAddr(e)
+            | ExpositionError::Listener(e) => Some(e),
+            // Transparent: its message is this one's.
+            ExpositionError::Recorder(e) => std::error::Error::source(e),
+        }
+    }
+}
+
+impl From<m::RecorderError> for ExpositionError {
+    fn from(e: m::RecorderError) -> Self {
+        ExpositionError::Recorder(e)
+    }
+}
+
 /// Binds `addr`, installs the metrics recorder ([`m::install_recorder`])
 /// and serves `/metrics` (the recorder's series, then `store`'s) and
 /// `/healthz` (per `ready`) there; returns the bound address. Call once,
 /// inside a Tokio runtime.
-pub fn start(addr: SocketAddr, store: Arc<Store>, ready: Readiness) -> Result<SocketAddr, String> {
-    let listener =
-        std::net::TcpListener::bind(addr).map_err(|e| format!("metrics address {addr}: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+pub fn start(
+    addr: SocketAddr,
+    store: Arc<Store>,
+    ready: Readiness,
+) -> Result<SocketAddr, ExpositionError> {
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|source| ExpositionError::Bind { addr, source })?;
+    let addr = listener.local_addr().map_err(ExpositionError::LocalAddr)?;
     listener
         .set_nonblocking(true)
-        .map_err(|e| format!("metrics listener: {e}"))?;
-    let listener = tokio::net::TcpListener::from_std(listener)
-        .map_err(|e| format!("metrics listener: {e}"))?;
+        .map_err(ExpositionError::Listener)?;
+    let listener =
+        tokio::net::TcpListener::from_std(listener).map_err(ExpositionError::Listener)?;
     let handle = m::install_recorder()?;
     let upkeep = handle.clone();
     tokio::spawn(async move {
@@ -213,11 +265,11 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
     // One buffer per family, filled in one pass over the nodes.
     let mut fam: [String; m::STORE_RENDERED.len()] = Default::default();
     let (mut fresh, mut stale, mut claims) = (0usize, 0usize, 0usize);
-    let nodes = store.map(|s| (s, s.nodes())).into_iter();
+    let nodes = store.map(|s| (s, s.nodes.all())).into_iter();
     for (store, n) in nodes.flat_map(|(s, ns)| ns.into_iter().map(move |n| (s, n))) {
         let n = &n;
         let snap = n.snapshot();
-        if store.is_fresh(&snap, now) {
+        if store.nodes.is_fresh(&snap, now) {
             fresh += 1;
         } else {
             stale += 1;
@@ -281,7 +333,7 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
             signal_source_label(n.signal_source.load(std::sync::atomic::Ordering::Relaxed))
         );
         // Only nodes that report runtime have cache-aware series.
-        if let Some((procs, with, on)) = store.cache_gauges(n) {
+        if let Some((procs, with, on)) = store.passes.cache_gauges(n) {
             let _ = writeln!(
                 fam[10],
                 "{}{{node=\"{node}\"}} {procs}",
@@ -302,7 +354,7 @@ pub fn render_store(store: Option<&Store>, now: Instant, out: &mut String) {
     let _ = writeln!(fam[0], "{}{{freshness=\"fresh\"}} {fresh}", m::NODES);
     let _ = writeln!(fam[0], "{}{{freshness=\"stale\"}} {stale}", m::NODES);
     let _ = writeln!(fam[1], "{} {claims}", m::CLAIMS_OUTSTANDING);
-    let (leases, leased) = store.map_or((0, 0), Store::leases_outstanding);
+    let (leases, leased) = store.map_or((0, 0), |s| s.leases.leases_outstanding());
     let _ = writeln!(fam[2], "{} {leases}", m::LEASES_OUTSTANDING);
     let _ = writeln!(fam[3], "{} {leased}", m::CPUS_LEASED);
     for (name, samples) in m::STORE_RENDERED.iter().zip(&fam) {
@@ -406,12 +458,16 @@ mod tests {
             ]
         );
         let (a, g) = store
+            .nodes
             .register("a\"1", vec![], "t".into(), spec(4, 2))
             .unwrap();
-        store.apply(&a, g, &full(4), now).unwrap();
+        store.nodes.apply(&a, g, &full(4), now).unwrap();
         a.count_decision(Kind::Wakeup);
         a.count_decision(Kind::Wakeup);
-        let (b, _) = store.register("b", vec![], "t".into(), spec(2, 1)).unwrap();
+        let (b, _) = store
+            .nodes
+            .register("b", vec![], "t".into(), spec(2, 1))
+            .unwrap();
         b.signal_source.store(
             fairplace_proto::v1::SignalSource::SchedDebug as i32,
             std::sync::atomic::Ordering::Relaxed,
@@ -435,7 +491,7 @@ mod tests {
         assert!(text.contains("fairplace_node_state_age_seconds{node=\"a\\\"1\"} 0"));
         assert!(!text.contains("fairplace_node_state_age_seconds{node=\"b\"}"));
         // A forgotten node's series are gone at once.
-        store.forget_stale(now + Duration::from_secs(3600));
+        store.nodes.forget_stale(now + Duration::from_secs(3600));
         let mut after = String::new();
         render_store(Some(&store), now, &mut after);
         assert!(!after.contains("node=\""), "{after}");

@@ -9,7 +9,7 @@ use crate::engine::state::{CpuState, MAX_CLOCK, NodeState};
 use crate::engine::topology::{CpuTopo, FieldError, TopologySpec};
 use crate::store::{CpuTaskList, RuntimeEntry, Update};
 
-use super::{err, policy, policy_to_pb, signal};
+use super::fields::{err, policy, policy_to_pb, signal};
 
 pub fn topology_spec(t: Option<&pb::Topology>, prefix: &str) -> Result<TopologySpec, FieldError> {
     let t = t.ok_or_else(|| err(prefix, "is required"))?;

@@ -1,23 +1,6 @@
-//! The edge between protobuf and the engine: messages become engine types
-//! here, with errors that name the field, so the engine never sees protobuf.
-//! One file per kind of message (`report`, `request`, `balance`); the
-//! helpers every direction shares (cpulists, CPU ids, signals, the policy
-//! mapping) are here.
-
-mod balance;
-mod report;
-mod request;
-
-pub use balance::{
-    balance_cpus, balance_response, cluster_balance_response, migration_type_to_pb, proposal_to_pb,
-};
-pub use report::{
-    cpu_state, cpu_state_to_pb, cpu_states_to_pb, task_lists_to_pb, topology_spec, topology_to_pb,
-    update,
-};
-pub use request::{
-    PickAnswer, migrate_request, migrate_response, pick_request, pick_response, selector, task,
-};
+//! The checks and mappings every kind of message shares: CPU ids and
+//! cpulists against a topology, signal ranges, the one policy mapping, and
+//! the error that names a field.
 
 use fairplace_proto::v1 as pb;
 use tonic::Status;
@@ -29,9 +12,6 @@ use crate::engine::topology::{FieldError, Topology};
 pub fn invalid(e: FieldError) -> Status {
     Status::invalid_argument(e.to_string())
 }
-
-/// Quoting client strings in errors (kept here for the service's callers).
-pub use crate::quote::{QUOTE_BYTES, field_key, quote};
 
 pub(super) fn err(field: impl Into<String>, msg: impl Into<String>) -> FieldError {
     FieldError::new(field, msg)

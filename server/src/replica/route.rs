@@ -16,7 +16,7 @@ use fairplace_proto::v1::placement_service_client::PlacementServiceClient;
 use tonic::Status;
 use tonic::transport::Channel;
 
-use super::identity::{Caller, Forwarded};
+use crate::identity::{Caller, Forwarded};
 use crate::replica::log::EtcdLog;
 use crate::replica::{ClaimError, Member, Redirect, Replica};
 use crate::store::Store;
@@ -54,7 +54,7 @@ impl Replicated {
         node: &str,
         ext: &http::Extensions,
     ) -> Result<Route, Status> {
-        if node.is_empty() || store.get(node).is_some() {
+        if node.is_empty() || store.nodes.get(node).is_some() {
             return Ok(Route::Here);
         }
         let moving = |why: &str| {
@@ -89,7 +89,7 @@ impl Replicated {
         id: u64,
         ext: &http::Extensions,
     ) -> Result<Route, Status> {
-        if store.lease_node(id).is_some() {
+        if store.leases.lease_node(id).is_some() {
             return Ok(Route::Here);
         }
         let kv = self
@@ -131,7 +131,7 @@ impl Replicated {
     pub fn current(&self, store: &Store, node: &str) -> bool {
         self.replica
             .fence(node)
-            .is_some_and(|(_, epoch)| store.lease_epoch(node) == epoch)
+            .is_some_and(|(_, epoch)| store.leases.lease_epoch(node) == epoch)
     }
 
     /// The elected balancer, as a member; UNAVAILABLE while there is none.
@@ -176,12 +176,16 @@ impl Replicated {
             }
             Err(ClaimError::Unavailable(why)) => return Err(Status::unavailable(why)),
         };
-        if store.lease_epoch(node) == epoch {
+        if store.leases.lease_epoch(node) == epoch {
             return Ok(());
         }
         match self.log.load_node(node).await {
             Ok(stored) => {
-                if let Some(loaded) = store.take_over_leases(node, epoch, stored, Instant::now()) {
+                if let Some(loaded) =
+                    store
+                        .leases
+                        .take_over_leases(node, epoch, stored, Instant::now())
+                {
                     metrics::counter!(crate::metrics::REPLICA_HANDOFFS, "how" => "claimed")
                         .increment(1);
                     tracing::info!(node, epoch, leases = loaded.loaded, "node claimed");

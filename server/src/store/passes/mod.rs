@@ -1,19 +1,28 @@
-//! A node balance pass against the stored state: the engine's balancer with
-//! the node's kept balancing state (`nr_balance_failed`, intervals,
-//! `sgc->imbalance`) and its cache-aware preferences.
+//! The passes over one node's kept engine state: the periodic balancer
+//! with the node's balancing state (`nr_balance_failed`, intervals,
+//! `sgc->imbalance`) and its cache-aware preferences (here), and the
+//! cache-aware accounting of each report's runtime (`cache`). Each node
+//! keeps that state beside its snapshot, under mutexes of its own; this
+//! owner runs the engine over it and claims what a pass proposes.
 //!
 //! A pass reads the current snapshot (no writer lock) and runs on the
 //! balancer's own working copy; only the node's balancer mutex is held, so
 //! agents and placements never wait for it.
 
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
 use crate::engine::balance::{BalanceOpts, Balancer, PassStats, Proposal};
 use crate::engine::cache::CacheParams;
 use crate::engine::cpumask::CpuMask;
 
-use super::{Node, Store};
+use super::nodes::Nodes;
+use super::{Node, StoreConfig, Table};
+use crate::engine::features::System;
+
+mod cache;
+
+pub use cache::{CacheSummary, ProcSummary};
 
 /// What a caller asks of a node balance.
 #[derive(Debug, Clone, Default)]
@@ -38,14 +47,31 @@ pub struct BalanceOutcome {
     pub cache_aware: bool,
 }
 
-impl Store {
+/// What runs over a node's balancer and cache-aware state.
+pub struct Passes {
+    table: Arc<Table>,
+    nodes: Arc<Nodes>,
+    system: System,
+    cache: CacheParams,
+}
+
+impl Passes {
+    pub(super) fn new(config: &StoreConfig, table: Arc<Table>, nodes: Arc<Nodes>) -> Self {
+        Self {
+            table,
+            nodes,
+            system: config.system,
+            cache: config.cache,
+        }
+    }
+
     /// One periodic balance of `node` (see [`Balancer::run`]).
     pub fn balance(&self, node: &Node, req: &BalanceRequest, now: Instant) -> BalanceOutcome {
         self.balance_with(node, req, now, true)
             .expect("a waiting balance always runs")
     }
 
-    /// As [`Store::balance`], or `None` at once if another pass of this node
+    /// As [`Passes::balance`], or `None` at once if another pass of this node
     /// is running (the service answers ABORTED rather than queue passes).
     pub fn try_balance(
         &self,
@@ -65,7 +91,7 @@ impl Store {
     ) -> Option<BalanceOutcome> {
         let snap = node.snapshot();
         let topo = &snap.topo;
-        let now_ms = self.now_ms(now);
+        let now_ms = self.table.now_ms(now);
         // Freeze the preferences for the pass; the cache lock is not held.
         let frozen = self
             .with_cache(node, false, |c| {
@@ -92,7 +118,7 @@ impl Store {
             honor_intervals: req.honor_intervals,
             max_proposals: req.max_proposals,
         };
-        let view = snap.view(&self.config.system);
+        let view = snap.view(&self.system);
         let mut proposals = Vec::new();
         let stats = {
             let mut b = if wait {
@@ -117,7 +143,7 @@ impl Store {
         }
         let claimed = if req.apply && !proposals.is_empty() {
             let cpus: Vec<usize> = proposals.iter().map(|p| p.dst_cpu).collect();
-            self.claim_cpus(node, &cpus, now)
+            self.nodes.claim_cpus(node, &cpus, now)
         } else {
             0
         };

@@ -7,7 +7,8 @@
 //! the boxed handler) costs more than the decision. A unary call as schedulers
 //! send it is one DATA frame holding one uncompressed message, so this path
 //! takes the message from that frame, calls the same handler the tonic
-//! service calls (`Placement::pick_one`), and answers with one framed message
+//! service calls (through [`PickHere`], which the placement handler
+//! implements: this file names no handler), and answers with one framed message
 //! and `grpc-status: 0`. Ping, the no-op the decision is measured against,
 //! takes the same path, so the comparison stays like for like.
 //!
@@ -32,23 +33,45 @@ use tonic::Status;
 use tonic::body::Body;
 use tower::{Layer, Service, ServiceExt};
 
-use super::identity::Caller;
-use super::placement::{Picked, Placement};
+use crate::convert::Picked;
+use crate::identity::Caller;
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 const PICK_CPU: &str = "/fairplace.v1.PlacementService/PickCpu";
 const PING: &str = "/fairplace.v1.AdminService/Ping";
 
-/// Puts [`Lean`] around the service routes.
-#[derive(Clone)]
-pub struct LeanLayer {
-    placement: Arc<Placement>,
+/// What decides a PickCpu on the fast path: the placement handler's own
+/// pick, which takes the decoded message and knows no framing. An answer
+/// decided at once is framed here straight from the decision.
+pub trait PickHere: Send + Sync + 'static {
+    /// Decides `r` for `caller` (`ext`: the request's extensions, for a
+    /// forward's identity); may take the message away (a forward).
+    fn pick_here<'a>(
+        &'a self,
+        caller: &'a Caller,
+        ext: &'a http::Extensions,
+        r: &mut pb::PickCpuRequest,
+    ) -> Result<Picked<'a>, Status>;
+}
+
+/// Puts [`FastUnary`] around the service routes.
+pub struct FastUnaryLayer<P> {
+    placement: Arc<P>,
     max_message_bytes: usize,
 }
 
-impl LeanLayer {
-    pub fn new(placement: Placement, max_message_bytes: usize) -> Self {
+impl<P> Clone for FastUnaryLayer<P> {
+    fn clone(&self) -> Self {
+        Self {
+            placement: Arc::clone(&self.placement),
+            max_message_bytes: self.max_message_bytes,
+        }
+    }
+}
+
+impl<P: PickHere> FastUnaryLayer<P> {
+    pub fn new(placement: P, max_message_bytes: usize) -> Self {
         Self {
             placement: Arc::new(placement),
             max_message_bytes,
@@ -56,10 +79,10 @@ impl LeanLayer {
     }
 }
 
-impl<S> Layer<S> for LeanLayer {
-    type Service = Lean<S>;
-    fn layer(&self, inner: S) -> Lean<S> {
-        Lean {
+impl<S, P> Layer<S> for FastUnaryLayer<P> {
+    type Service = FastUnary<S, P>;
+    fn layer(&self, inner: S) -> FastUnary<S, P> {
+        FastUnary {
             inner,
             placement: Arc::clone(&self.placement),
             max_message_bytes: self.max_message_bytes,
@@ -67,11 +90,22 @@ impl<S> Layer<S> for LeanLayer {
     }
 }
 
-#[derive(Clone)]
-pub struct Lean<S> {
+/// PickCpu and Ping answered from their one DATA frame; everything else
+/// handed to `inner` (tonic's routes).
+pub struct FastUnary<S, P> {
     inner: S,
-    placement: Arc<Placement>,
+    placement: Arc<P>,
     max_message_bytes: usize,
+}
+
+impl<S: Clone, P> Clone for FastUnary<S, P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            placement: Arc::clone(&self.placement),
+            max_message_bytes: self.max_message_bytes,
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -96,7 +130,7 @@ impl Hot {
     }
 }
 
-impl<S> Service<http::Request<Body>> for Lean<S>
+impl<S, P: PickHere> Service<http::Request<Body>> for FastUnary<S, P>
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -138,7 +172,7 @@ where
                 Hot::PickCpu => {
                     let ext = &parts.extensions;
                     let caller = Caller::of(ext);
-                    match pick_cpu_here(&placement, &caller, ext, &msg[PREFIX..]) {
+                    match pick_cpu_here(&*placement, &caller, ext, &msg[PREFIX..]) {
                         Step::Framed(answer) => Ok(one_message(answer)),
                         Step::Refused(s) => Ok(s.into_http()),
                         Step::Later(later) => Ok(answer_later(later).await),
@@ -190,8 +224,8 @@ thread_local! {
 /// answer decided here is framed straight from the decision (the bytes
 /// prost would write for the message, without building it). `msg` is the
 /// message without its gRPC prefix. Public for the handler's benchmark.
-pub fn pick_cpu_here<'a>(
-    placement: &'a Placement,
+pub fn pick_cpu_here<'a, P: PickHere>(
+    placement: &'a P,
     caller: &'a Caller,
     ext: &'a http::Extensions,
     msg: &[u8],
@@ -202,7 +236,7 @@ pub fn pick_cpu_here<'a>(
         let step = if r.merge(msg).is_err() {
             Step::Undecodable
         } else {
-            match placement.pick_one(caller, ext, r) {
+            match placement.pick_here(caller, ext, r) {
                 Ok(Picked::Now(answer)) => Step::Framed(answer.framed(&r.node_id)),
                 Ok(later) => Step::Later(later),
                 Err(s) => Step::Refused(s),
@@ -388,7 +422,8 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::service::{heavy::HeavyPool, lease_hub::LeaseHub};
+    use crate::service::placement::Placement;
+    use crate::service::{cpu_pool::CpuPool, lease_hub::LeaseHub};
     use crate::store::{Store, StoreConfig};
 
     /// What tonic (stood in for here) was handed.
@@ -440,7 +475,7 @@ mod tests {
         let (_, stopping) = tokio::sync::watch::channel(false);
         Placement {
             store: Arc::new(Store::new(StoreConfig::default())),
-            heavy: HeavyPool::new(1, 1),
+            heavy: CpuPool::new(1, 1),
             hub: Arc::new(LeaseHub::default()),
             replicated: None,
             stopping,
@@ -491,8 +526,8 @@ mod tests {
         max: usize,
     ) -> (http::Response<()>, Vec<u8>, Option<HeaderMap>, Vec<Seen>) {
         let tonic = Tonic::default();
-        let lean = LeanLayer::new(placement(), max).layer(tonic.clone());
-        let resp = lean.oneshot(sent.request()).await.unwrap();
+        let fast = FastUnaryLayer::new(placement(), max).layer(tonic.clone());
+        let resp = fast.oneshot(sent.request()).await.unwrap();
         let (parts, mut body) = resp.into_parts();
         let (mut data, mut trailers) = (Vec::new(), None);
         while let Some(f) = body.frame().await {

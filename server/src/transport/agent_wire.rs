@@ -25,7 +25,10 @@ use prost::Message;
 use tonic::Status;
 use tonic::body::Body;
 
+use std::sync::Arc;
+
 use super::ack_queue::AckRx;
+use crate::identity::Caller;
 
 /// The one method AgentService has.
 pub const REPORT_PATH: &str = "/fairplace.v1.AgentService/Report";
@@ -190,6 +193,74 @@ impl http_body::Body for AckBody {
     }
 }
 
+/// What opens a Report stream: the agent handler, which takes the agent's
+/// decoded messages and answers through the returned queue; it knows no
+/// framing, and this file names no handler.
+pub trait OpenReport: Send + Sync + 'static {
+    fn open_report(&self, caller: Caller, inbound: Inbound) -> Result<AckRx, Status>;
+}
+
+/// AgentService as a tower service, in place of tonic's generated server:
+/// the Report stream's framing is this file's (see the module doc).
+pub struct AgentServer<A> {
+    agent: Arc<A>,
+    /// The largest message a stream may carry (`--max-message-bytes`).
+    max_message: usize,
+}
+
+impl<A> Clone for AgentServer<A> {
+    fn clone(&self) -> Self {
+        Self {
+            agent: Arc::clone(&self.agent),
+            max_message: self.max_message,
+        }
+    }
+}
+
+impl<A: OpenReport> AgentServer<A> {
+    pub fn new(agent: A, max_message: usize) -> Self {
+        Self {
+            agent: Arc::new(agent),
+            max_message,
+        }
+    }
+
+    /// Opens a Report stream, or answers with the status that says why not
+    /// (a trailers-only response, as gRPC servers do).
+    fn open(&self, req: http::Request<tonic::body::Body>) -> http::Response<tonic::body::Body> {
+        if let Some(s) = refusal(&req) {
+            return s.into_http();
+        }
+        let caller = Caller::of(req.extensions());
+        let inbound = Inbound::new(req.into_body(), self.max_message);
+        match self.agent.open_report(caller, inbound) {
+            Ok(acks) => ack_response(acks),
+            Err(s) => s.into_http(),
+        }
+    }
+}
+
+impl<A> tonic::server::NamedService for AgentServer<A> {
+    const NAME: &'static str = "fairplace.v1.AgentService";
+}
+
+impl<A: OpenReport> tower::Service<http::Request<tonic::body::Body>> for AgentServer<A> {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        std::future::ready(Ok(self.open(req)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,7 +359,7 @@ mod tests {
 
     #[tokio::test]
     async fn acks_are_framed_and_the_status_ends_the_stream_in_trailers() {
-        let (tx, acks) = crate::service::ack_queue::ack_queue(4);
+        let (tx, acks) = crate::transport::ack_queue::ack_queue(4);
         let ack = pb::Ack {
             applied_seq: 7,
             ..Default::default()

@@ -33,6 +33,10 @@ pub use fairplace_types::spiffe::{Identity, Role, identity_from_cert, parse_spif
 use tonic::Status;
 use tower::{Layer, Service};
 
+/// The metadata key naming the caller a forwarded call is made for: its
+/// SPIFFE ID, or "anonymous". Trusted only from a replica's certificate.
+pub const FORWARDED_FOR: &str = "fairplace-forwarded-for";
+
 /// What a connection's TLS handshake established about the client; tonic
 /// copies it into every request of the connection.
 #[derive(Debug, Clone)]
@@ -297,17 +301,16 @@ pub fn authorize_call(
         _ => {
             return Err(Status::permission_denied(format!(
                 "{}: only a replica certificate may forward a call",
-                crate::replica::forward::FORWARDED_FOR
+                FORWARDED_FOR
             )));
         }
     }
-    let named = parse_spiffe_id(who, trust_domain).map_err(|e| {
-        Status::unauthenticated(format!("{}: {e}", crate::replica::forward::FORWARDED_FOR))
-    })?;
+    let named = parse_spiffe_id(who, trust_domain)
+        .map_err(|e| Status::unauthenticated(format!("{}: {e}", FORWARDED_FOR)))?;
     if named.role == Role::Replica {
         return Err(Status::permission_denied(format!(
             "{}: a replica may not forward for another replica",
-            crate::replica::forward::FORWARDED_FOR
+            FORWARDED_FOR
         )));
     }
     authorize(true, Some(&Peer::Identified(Arc::new(named))), path).map(|c| (c, true))
@@ -367,7 +370,7 @@ where
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         let forwarded_for = req
             .headers()
-            .get(crate::replica::forward::FORWARDED_FOR)
+            .get(FORWARDED_FOR)
             .map(|v| v.to_str().unwrap_or("\u{fffd}").to_string());
         match authorize_call(
             self.required,

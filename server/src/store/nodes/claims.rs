@@ -5,11 +5,10 @@
 use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
-use crate::engine::state::CpuState;
+use super::Nodes;
+use crate::store::{ClaimSlot, Node, Snapshot, Writer, base_cpus};
 
-use super::{ClaimSlot, Node, Snapshot, Store, Writer};
-
-impl Store {
+impl Nodes {
     /// Commits a claim on `cpu` if the node is still at `version`; returns
     /// false if another writer got there first (decide again).
     pub fn try_claim(&self, node: &Node, version: u64, cpu: usize, now: Instant) -> bool {
@@ -23,14 +22,7 @@ impl Store {
     }
 
     /// Counts one more task on `cpu` until its TTL, and publishes.
-    pub(super) fn add_claim(
-        &self,
-        node: &Node,
-        w: &mut Writer,
-        cur: &Snapshot,
-        cpu: usize,
-        now: Instant,
-    ) {
+    fn add_claim(&self, node: &Node, w: &mut Writer, cur: &Snapshot, cpu: usize, now: Instant) {
         // A leased CPU's state without the lease (the lease stays counted).
         let base = w.leases.base_of(cpu as u32).unwrap_or(cur.state.cpus[cpu]);
         w.claims
@@ -40,7 +32,7 @@ impl Store {
                 expires: Vec::new(),
             })
             .expires
-            .push(now + self.config.claim_ttl);
+            .push(now + self.claim_ttl);
         if !w.listed {
             w.listed = true;
             self.claimed
@@ -50,7 +42,8 @@ impl Store {
         }
         let cpus = base_cpus(cur, w);
         let topo = Arc::clone(&cur.topo);
-        self.publish(node, w, cpus, topo, cur.features, None, cur);
+        self.table
+            .publish(node, w, cpus, topo, cur.features, None, cur);
     }
 
     /// Decides and claims under the node's writer lock: the fallback when
@@ -80,7 +73,7 @@ impl Store {
         let mut keep = Vec::new();
         for id in ids {
             // A forgotten or replaced node's claims no longer count.
-            let Some(node) = self.get(&id) else {
+            let Some(node) = self.table.get(&id) else {
                 continue;
             };
             let mut w = node.writer.lock().unwrap_or_else(PoisonError::into_inner);
@@ -99,7 +92,8 @@ impl Store {
             if after != before {
                 expired += before - after;
                 let topo = Arc::clone(&cur.topo);
-                self.publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
+                self.table
+                    .publish(&node, &mut w, cpus, topo, cur.features, None, &cur);
             }
             if w.claims.is_empty() {
                 w.listed = false;
@@ -118,7 +112,8 @@ impl Store {
 
     /// Claims outstanding across all nodes.
     pub fn claims_outstanding(&self) -> usize {
-        self.unsorted_nodes()
+        self.table
+            .unsorted_nodes()
             .iter()
             .map(|n| {
                 n.snapshot()
@@ -148,31 +143,21 @@ impl Store {
                 .map_or(cur.state.cpus[cpu], |s| s.base);
             w.claims
                 .entry(cpu as u32)
-                .or_insert_with(|| super::ClaimSlot {
+                .or_insert_with(|| ClaimSlot {
                     base,
                     expires: Vec::new(),
                 })
                 .expires
-                .push(now + self.config.claim_ttl);
+                .push(now + self.claim_ttl);
             n += 1;
         }
         if n == 0 {
             return 0;
         }
-        let cpus = super::claims::base_cpus(&cur, &w);
+        let cpus = base_cpus(&cur, &w);
         let topo = std::sync::Arc::clone(&cur.topo);
-        self.publish(node, &mut w, cpus, topo, cur.features, None, &cur);
+        self.table
+            .publish(node, &mut w, cpus, topo, cur.features, None, &cur);
         n
     }
-}
-
-/// The agent's state of every CPU: the snapshot's, with claimed CPUs taken
-/// back to what they were before their claims.
-pub(super) fn base_cpus(cur: &Snapshot, w: &Writer) -> Vec<CpuState> {
-    let mut cpus = cur.state.cpus.clone();
-    for (&cpu, slot) in &w.claims {
-        cpus[cpu as usize] = slot.base;
-    }
-    w.leases.restore(&mut cpus);
-    cpus
 }

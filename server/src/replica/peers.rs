@@ -16,7 +16,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::convert;
+use crate::convert;
 use crate::replica::aggregates::{Publisher, to_pb};
 use crate::store::Store;
 
@@ -34,9 +34,9 @@ type NodeStates = Pin<Box<dyn Stream<Item = Result<pb::NodeState, Status>> + Sen
 /// A node registered here as a balance pass on another replica reads it;
 /// `None` when it is not registered here or not fresh.
 fn node_state(store: &Store, id: &str, now: Instant) -> Option<pb::NodeState> {
-    let n = store.get(id)?;
+    let n = store.nodes.get(id)?;
     let s = n.snapshot();
-    if !store.is_fresh(&s, now) {
+    if !store.nodes.is_fresh(&s, now) {
         return None;
     }
     Some(pb::NodeState {
@@ -87,7 +87,7 @@ impl ReplicaService for Peers {
         req: Request<pb::ClaimCpusRequest>,
     ) -> Result<Response<pb::ClaimCpusResponse>, Status> {
         let r = req.into_inner();
-        let Some(n) = self.store.get(&r.node_id) else {
+        let Some(n) = self.store.nodes.get(&r.node_id) else {
             return Ok(Response::new(pb::ClaimCpusResponse { claimed: 0 }));
         };
         if r.cpus.len() > n.spec.cpus.len() {
@@ -98,7 +98,7 @@ impl ReplicaService for Peers {
             )));
         }
         let cpus: Vec<usize> = r.cpus.iter().map(|&c| c as usize).collect();
-        let claimed = self.store.claim_cpus(&n, &cpus, Instant::now());
+        let claimed = self.store.nodes.claim_cpus(&n, &cpus, Instant::now());
         Ok(Response::new(pb::ClaimCpusResponse { claimed }))
     }
 

@@ -25,7 +25,7 @@ use crate::metrics as m;
 
 /// Admission and concurrency limits for heavy work; cheap to clone.
 #[derive(Clone)]
-pub struct HeavyPool {
+pub struct CpuPool {
     /// Running plus waiting jobs.
     admitted: Arc<Semaphore>,
     /// Running jobs.
@@ -40,7 +40,7 @@ pub fn default_workers() -> usize {
         .max(1)
 }
 
-impl HeavyPool {
+impl CpuPool {
     pub fn new(workers: usize, queue: usize) -> Self {
         let workers = workers.max(1);
         Self {
@@ -106,7 +106,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_pool_refuses_at_once_and_frees_its_slot_when_work_returns() {
         // One worker, no queue.
-        let pool = HeavyPool::new(1, 0);
+        let pool = CpuPool::new(1, 0);
         let (release, wait) = std::sync::mpsc::channel::<()>();
         let p = pool.clone();
         let held = tokio::spawn(async move { p.run("decide", move || wait.recv().is_ok()).await });
@@ -129,7 +129,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn queued_work_waits_for_a_worker_instead_of_being_refused() {
-        let pool = HeavyPool::new(1, 4);
+        let pool = CpuPool::new(1, 4);
         let jobs: Vec<_> = (0..5)
             .map(|i| {
                 let p = pool.clone();

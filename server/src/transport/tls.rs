@@ -17,6 +17,7 @@
 //!   client's identity from its certificate once, for every request on the
 //!   connection (see `identity`).
 
+use std::fmt;
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -28,9 +29,9 @@ use rustls::{RootCertStore, ServerConfig};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::identity::Peer;
+use crate::identity::Peer;
 use crate::metrics as m;
-use crate::pem::{pem_certs, pem_key};
+use crate::pem::{PemError, pem_certs, pem_key};
 
 /// Where the server's TLS material lives and how it is watched.
 #[derive(Debug, Clone)]
@@ -65,12 +66,88 @@ struct Material {
     ca: Option<Vec<u8>>,
 }
 
-fn read_file(p: &PathBuf) -> Result<Vec<u8>, String> {
-    std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))
+/// Why the server's TLS files cannot be made into a configuration: a file
+/// unreadable, a PEM block missing or bad, a CA unusable, or a key that
+/// does not fit its certificate. At start it stops the server; on a reload
+/// it is logged once and the configuration in use is kept. Each names the
+/// file (or the pair) to fix.
+#[derive(Debug)]
+pub enum TlsError {
+    /// A file cannot be read (missing for a moment mid-rotation, or for good).
+    Read { path: PathBuf, source: io::Error },
+    /// A certificate or key file does not hold what it must.
+    Pem(PemError),
+    /// rustls has no safe protocol version with this crypto provider.
+    Versions(rustls::Error),
+    /// A certificate of the client CA bundle cannot be a trust anchor.
+    CaCertificate {
+        path: PathBuf,
+        source: rustls::Error,
+    },
+    /// No client certificate verifier can be built on the client CA bundle.
+    ClientVerifier {
+        path: PathBuf,
+        source: rustls::server::VerifierBuilderError,
+    },
+    /// The key does not fit the certificate, or rustls cannot use either.
+    KeyMismatch {
+        cert: PathBuf,
+        key: PathBuf,
+        source: rustls::Error,
+    },
+}
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TlsError::Read { path, source } => write!(f, "{}: {source}", path.display()),
+            TlsError::Pem(e) => fmt::Display::fmt(e, f),
+            TlsError::Versions(e) => write!(f, "TLS versions: {e}"),
+            TlsError::CaCertificate { path, source } => write!(
+                f,
+                "{}: not a usable CA certificate: {source}",
+                path.display()
+            ),
+            TlsError::ClientVerifier { path, source } => write!(f, "{}: {source}", path.display()),
+            TlsError::KeyMismatch { cert, key, source } => write!(
+                f,
+                "{} and {}: the key does not fit the certificate, or is unusable: {source}",
+                cert.display(),
+                key.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TlsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TlsError::Read { source, .. } => Some(source),
+            // Transparent: its message is this one's.
+            TlsError::Pem(e) => std::error::Error::source(e),
+            TlsError::Versions(e)
+            | TlsError::CaCertificate { source: e, .. }
+            | TlsError::KeyMismatch { source: e, .. } => Some(e),
+            TlsError::ClientVerifier { source, .. } => Some(source),
+        }
+    }
+}
+
+impl From<PemError> for TlsError {
+    fn from(e: PemError) -> Self {
+        TlsError::Pem(e)
+    }
+}
+
+fn read_file(p: &PathBuf) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(p).map_err(|source| TlsError::Read {
+        path: p.clone(),
+        source,
+    })
 }
 
 impl Material {
-    fn read(s: &TlsSettings) -> Result<Material, String> {
+    fn read(s: &TlsSettings) -> Result<Material, TlsError> {
         Ok(Material {
             cert: read_file(&s.cert)?,
             key: read_file(&s.key)?,
@@ -83,34 +160,38 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn build(s: &TlsSettings, mat: &Material) -> Result<ServerConfig, String> {
+fn build(s: &TlsSettings, mat: &Material) -> Result<ServerConfig, TlsError> {
     let certs = pem_certs(&mat.cert, &s.cert)?;
     let key = pem_key(&mat.key, &s.key)?;
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS versions: {e}"))?;
+        .map_err(TlsError::Versions)?;
     let builder = match (&s.client_ca, &mat.ca) {
         (Some(path), Some(ca)) => {
             let mut roots = RootCertStore::empty();
             for c in pem_certs(ca, path)? {
-                roots
-                    .add(c)
-                    .map_err(|e| format!("{}: not a usable CA certificate: {e}", path.display()))?;
+                roots.add(c).map_err(|source| TlsError::CaCertificate {
+                    path: path.clone(),
+                    source,
+                })?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                 .build()
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+                .map_err(|source| TlsError::ClientVerifier {
+                    path: path.clone(),
+                    source,
+                })?;
             builder.with_client_cert_verifier(verifier)
         }
         _ => builder.with_no_client_auth(),
     };
-    let mut cfg = builder.with_single_cert(certs, key).map_err(|e| {
-        format!(
-            "{} and {}: the key does not fit the certificate, or is unusable: {e}",
-            s.cert.display(),
-            s.key.display()
-        )
-    })?;
+    let mut cfg = builder
+        .with_single_cert(certs, key)
+        .map_err(|source| TlsError::KeyMismatch {
+            cert: s.cert.clone(),
+            key: s.key.clone(),
+            source,
+        })?;
     // gRPC is HTTP/2 only; clients that insist on ALPN (grpcio, Go) need it.
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok(cfg)
@@ -128,7 +209,7 @@ pub struct TlsReloader {
 
 impl TlsReloader {
     /// Reads and checks the files; an error here stops the server.
-    pub fn load(settings: TlsSettings, trust_domain: &str) -> Result<Arc<TlsReloader>, String> {
+    pub fn load(settings: TlsSettings, trust_domain: &str) -> Result<Arc<TlsReloader>, TlsError> {
         let mat = Material::read(&settings)?;
         let cfg = build(&settings, &mat)?;
         Ok(Arc::new(TlsReloader {
@@ -147,7 +228,7 @@ impl TlsReloader {
     /// Reads the files again and swaps in a new configuration when they
     /// changed. Some(Ok) after a reload, Some(Err) the first time a given
     /// change is refused, None when nothing changed.
-    pub fn check(&self) -> Option<Result<(), String>> {
+    pub fn check(&self) -> Option<Result<(), TlsError>> {
         let mat = match Material::read(&self.settings) {
             Ok(m) => m,
             // Mid-rotation a file can be missing for a moment: try again.
@@ -191,14 +272,17 @@ impl TlsReloader {
                             "TLS certificate, key and client CA reloaded; new connections use them"
                         );
                     }
-                    Some(Err(e)) if last_err.as_ref() != Some(&e) => {
-                        tracing::warn!(
-                            error = %e,
-                            "TLS files changed but cannot be used (yet); keeping the current ones"
-                        );
-                        last_err = Some(e);
+                    Some(Err(e)) => {
+                        let e = e.to_string();
+                        if last_err.as_ref() != Some(&e) {
+                            tracing::warn!(
+                                error = %e,
+                                "TLS files changed but cannot be used (yet); keeping the current ones"
+                            );
+                            last_err = Some(e);
+                        }
                     }
-                    Some(Err(_)) | None => {}
+                    None => {}
                 }
             }
         })

@@ -9,9 +9,9 @@ use crate::engine::balance::{PassStats, Proposal};
 use crate::engine::cpumask::CpuMask;
 use crate::engine::group::GroupType;
 use crate::engine::topology::{FieldError, Topology};
-use crate::store::BalanceOutcome;
+use crate::store::passes::BalanceOutcome;
 
-use super::{cpulist, err};
+use super::fields::{cpulist, err};
 
 pub fn migration_type_to_pb(m: MigrationType) -> pb::MigrationType {
     match m {
