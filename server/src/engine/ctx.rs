@@ -12,7 +12,7 @@ use std::cell::OnceCell;
 
 use super::cpumask::CpuMask;
 use super::decision::Detail;
-use super::features::{Features, System};
+use super::features::{Features, Kernel, System};
 use super::state::{CpuState, NodeState, Policy, Task, cpu_util};
 use super::topology::Topology;
 
@@ -51,6 +51,12 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
+    /// True under the 6.12 profile (`v6_12.rs` holds its variant steps).
+    #[inline]
+    pub(crate) fn is_v6_12(&self) -> bool {
+        self.f.kernel == Kernel::V6_12
+    }
+
     pub fn new(view: View<'a>, p: &'a Task, task_cpu: usize, slot: &'a CpusPtrSlot) -> Self {
         let cpus_ptr = if p.migration_disabled {
             slot.get_or_init(|| CpuMask::from_cpus([task_cpu]))

@@ -25,60 +25,52 @@ use super::rq::h_nr_runnable;
 use super::state::{CpuState, NodeState};
 use super::topology::{Domain, Topology};
 
-impl Ctx<'_> {
-    /// True under the 6.12 profile.
-    #[inline]
-    pub(crate) fn is_v6_12(&self) -> bool {
-        self.f.kernel == Kernel::V6_12
+/// The object `test_idle_cores()` reads for `cpu`: 6.12 has no asym
+/// shared object, so it is always the LLC's.
+#[inline]
+pub(crate) fn balance_shared(ctx: &Ctx<'_>, cpu: usize) -> Option<u32> {
+    let cd = &ctx.topo.cpu[cpu];
+    if ctx.is_v6_12() {
+        cd.llc_shared
+    } else {
+        cd.balance_shared
     }
+}
 
-    /// The object `test_idle_cores()` reads for `cpu`: 6.12 has no asym
-    /// shared object, so it is always the LLC's.
-    #[inline]
-    pub(crate) fn balance_shared(&self, cpu: usize) -> Option<u32> {
-        let cd = &self.topo.cpu[cpu];
-        if self.is_v6_12() {
-            cd.llc_shared
-        } else {
-            cd.balance_shared
+/// 6.12's `select_idle_capacity()`: the first idle CPU of the asym
+/// domain that fits the task, else the idle one that fits best (a CPU
+/// where only uclamp_min misses beats one that does not fit; then the
+/// larger capacity). Every CPU of the walk is tested; no budget.
+pub(crate) fn select_idle_capacity_v6_12(
+    ctx: &mut Ctx<'_>,
+    sd: &Domain,
+    target: usize,
+) -> Option<usize> {
+    let topo = ctx.topo;
+    let util = ctx.p.util_est_max();
+    let (umin, umax) = (ctx.p.uclamp_min, ctx.p.uclamp_max);
+    let (mut best_cap, mut best_fits, mut best) = (0i64, 0i32, None);
+    let cpus = topo.span(sd.span).and(ctx.cpus_ptr);
+    let mut walk = WrapWalk::new(target, topo.nr_cpus);
+    while let Some(c) = walk.next(&cpus) {
+        let mut cap = ctx.rq(c).capacity as i64;
+        ctx.scanned += 1;
+        if !ctx.choose_idle_cpu(c) {
+            continue;
+        }
+        let fits = ctx.util_fits_cpu(util, umin, umax, c);
+        if fits > 0 {
+            return Some(c);
+        } else if fits < 0 {
+            cap = ctx.rq(c).actual_capacity as i64;
+        }
+        if fits < best_fits || (fits == best_fits && cap > best_cap) {
+            best_cap = cap;
+            best = Some(c);
+            best_fits = fits;
         }
     }
-
-    /// 6.12's `select_idle_capacity()`: the first idle CPU of the asym
-    /// domain that fits the task, else the idle one that fits best (a CPU
-    /// where only uclamp_min misses beats one that does not fit; then the
-    /// larger capacity). Every CPU of the walk is tested; no budget.
-    pub(crate) fn select_idle_capacity_v6_12(
-        &mut self,
-        sd: &Domain,
-        target: usize,
-    ) -> Option<usize> {
-        let topo = self.topo;
-        let util = self.p.util_est_max();
-        let (umin, umax) = (self.p.uclamp_min, self.p.uclamp_max);
-        let (mut best_cap, mut best_fits, mut best) = (0i64, 0i32, None);
-        let cpus = topo.span(sd.span).and(self.cpus_ptr);
-        let mut walk = WrapWalk::new(target, topo.nr_cpus);
-        while let Some(c) = walk.next(&cpus) {
-            let mut cap = self.rq(c).capacity as i64;
-            self.scanned += 1;
-            if !self.choose_idle_cpu(c) {
-                continue;
-            }
-            let fits = self.util_fits_cpu(util, umin, umax, c);
-            if fits > 0 {
-                return Some(c);
-            } else if fits < 0 {
-                cap = self.rq(c).actual_capacity as i64;
-            }
-            if fits < best_fits || (fits == best_fits && cap > best_cap) {
-                best_cap = cap;
-                best = Some(c);
-                best_fits = fits;
-            }
-        }
-        best
-    }
+    best
 }
 
 impl NodeState {

@@ -271,7 +271,7 @@ pub fn can_migrate_task_llc(
             None => {}
         }
     }
-    let hot = ctx.task_hot(env, d.has(sd::SHARE_CPUCAPACITY));
+    let hot = task_hot(&ctx, env, d.has(sd::SHARE_CPUCAPACITY));
     let mut r = if !hot {
         done(true, flags, Reason::Cold, None, Some(false))
     } else if env.nr_balance_failed > cnt {
@@ -295,32 +295,30 @@ pub fn new_dst_cpu_loop(
     both.iter().find(|&c| cpus_ptr.test(c))
 }
 
-impl Ctx<'_> {
-    /// `task_hot()`: did the task run so recently that its cache is warm?
-    fn task_hot(&self, env: &MigrateEnv, smt_domain: bool) -> bool {
-        if self.p.policy == Policy::Idle {
-            return false;
-        }
-        // SMT siblings share their caches.
-        if smt_domain {
-            return false;
-        }
-        if self.f.cache_hot_buddy && self.rq(env.dst_cpu).nr_running > 0 && self.p.next_buddy {
-            return true;
-        }
-        let cost = self.sys.migration_cost_ns;
-        if cost == -1 {
-            return true;
-        }
-        if !self.sched_core_cookie_match(env.dst_cpu) {
-            return true;
-        }
-        if cost == 0 {
-            return false;
-        }
-        if let Some(h) = self.p.hot {
-            return h;
-        }
-        env.now - self.p.exec_start < cost
+/// `task_hot()`: did the task run so recently that its cache is warm?
+fn task_hot(ctx: &Ctx<'_>, env: &MigrateEnv, smt_domain: bool) -> bool {
+    if ctx.p.policy == Policy::Idle {
+        return false;
     }
+    // SMT siblings share their caches.
+    if smt_domain {
+        return false;
+    }
+    if ctx.f.cache_hot_buddy && ctx.rq(env.dst_cpu).nr_running > 0 && ctx.p.next_buddy {
+        return true;
+    }
+    let cost = ctx.sys.migration_cost_ns;
+    if cost == -1 {
+        return true;
+    }
+    if !ctx.sched_core_cookie_match(env.dst_cpu) {
+        return true;
+    }
+    if cost == 0 {
+        return false;
+    }
+    if let Some(h) = ctx.p.hot {
+        return h;
+    }
+    env.now - ctx.p.exec_start < cost
 }
