@@ -39,7 +39,6 @@ pub(super) struct Tomb {
     pub(super) since: Instant,
 }
 
-
 /// Every live lease's node and owner, and what each owner holds: one
 /// lock, so a grant's check of its owner's limits and its reservation are
 /// one step.
@@ -198,7 +197,12 @@ impl LeaseIndex {
     /// it is returned; or why the owner may not take it, or the lease
     /// already granted for its `request_id` (checked in the same step, so
     /// two concurrent calls with one request id take one lease).
-    pub(super) fn reserve(&self, node: &str, new: &NewLease, lim: OwnerLimits) -> Result<u64, Unallocatable> {
+    pub(super) fn reserve(
+        &self,
+        node: &str,
+        new: &NewLease,
+        lim: OwnerLimits,
+    ) -> Result<u64, Unallocatable> {
         let mut index = self.lock();
         if !new.request_id.is_empty()
             && let Some(id) = index.by_request(&new.owner, &new.request_id)
