@@ -76,7 +76,18 @@ impl Replica {
             }
             let sent = self.now_ms();
             let t0 = Instant::now();
-            match self.etcd.keep_alive_once(lease).await {
+            // A keep-alive may wait on every member in turn (seconds when
+            // they are cut off); the gauges follow the lease's deadline
+            // meanwhile, so a scrape never shows a lost lease as up.
+            let call = self.etcd.keep_alive_once(lease);
+            tokio::pin!(call);
+            let answer = loop {
+                tokio::select! {
+                    r = &mut call => break r,
+                    _ = tokio::time::sleep(every) => self.export_standing(),
+                }
+            };
+            match answer {
                 Ok(ttl) if ttl > 0 => {
                     observe_etcd("keepalive", t0);
                     self.alive_until_ms
