@@ -5,6 +5,7 @@ pub mod etcd;
 pub mod faults;
 pub mod history;
 pub mod partition;
+pub mod slurm;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The workspace's target directory for the running profile.
-fn bin_dir() -> PathBuf {
+pub(crate) fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
     // target/<profile>/deps/<test> -> target/<profile>; a binary of this
     // crate (target/<profile>/<bin>) is there already.
@@ -38,7 +39,8 @@ pub fn bin(name: &str) -> PathBuf {
         // The same targets `cargo test --workspace` builds, so the features
         // unify the same way: after a workspace test build this is a no-op,
         // not a relink of every binary against another set of features.
-        cmd.args(["build", "--workspace", "--bins", "--tests"]);
+        // `--lib` for the libraries Slurm loads (the SPANK plugin).
+        cmd.args(["build", "--workspace", "--lib", "--bins", "--tests"]);
         // With the BPF source under test, the agent is built with it (the
         // test run itself was started with `--features fairplace-e2e/bpf`).
         if cfg!(feature = "bpf") {

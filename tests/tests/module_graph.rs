@@ -21,6 +21,7 @@ const CRATES: &[&str] = &[
     "client/src",
     "host/src",
     "cli/src",
+    "integrations/slurm/src",
     "client/agent/src",
     "types/src",
     "proto/src",
