@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The workspace's target directory for the running profile.
-pub(crate) fn bin_dir() -> PathBuf {
+fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
     // target/<profile>/deps/<test> -> target/<profile>; a binary of this
     // crate (target/<profile>/<bin>) is there already.

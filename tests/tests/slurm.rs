@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use fairplace_client::Client;
 use fairplace_e2e::slurm::{self, Slurm};
+use fairplace_e2e::tls::{TestPki, TlsOptions};
 use fairplace_e2e::{Agent, Server, pb, rt, send_signal, wait_for};
 
 /// The server, the real agent for this machine, and Slurm with the plugin
@@ -22,9 +23,18 @@ struct Rig {
     slurm: Slurm,
     node: String,
     rt: tokio::runtime::Runtime,
+    /// With mutual TLS: the PKI, and the test's own orchestrator identity.
+    tls: Option<(TestPki, TlsOptions)>,
 }
 
 fn rig(args: &str) -> Option<Rig> {
+    rig_with(args, None)
+}
+
+/// With `pki`: the server serves mutual TLS only, the agent presents
+/// `node/HOSTNAME`, the plugin `orchestrator/slurm` (its files in `args`
+/// come from the caller).
+fn rig_with(args: &str, pki: Option<TestPki>) -> Option<Rig> {
     if let Err(why) = slurm::available() {
         eprintln!("skipped: {why}");
         return None;
@@ -34,9 +44,20 @@ fn rig(args: &str) -> Option<Rig> {
         return None;
     }
     let plugin = slurm::plugin();
-    let server = Server::start(&[]);
-    let agent = Agent::start(&server.grpc, &[]);
     let node = fairplace_types::state_dir::hostname();
+    let server_args = pki.as_ref().map(TestPki::server_args).unwrap_or_default();
+    let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
+    let server = Server::start(&server_args);
+    let agent_args = pki
+        .as_ref()
+        .map(|p| TestPki::cli_args(&p.client("node", &node)))
+        .unwrap_or_default();
+    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+    let agent = Agent::start(&server.grpc, &agent_args);
+    let tls = pki.map(|p| {
+        let me = p.client("orchestrator", "test");
+        (p, me)
+    });
     let plugstack = format!(
         "required {} server={} {args}\n",
         plugin.display(),
@@ -49,6 +70,7 @@ fn rig(args: &str) -> Option<Rig> {
         slurm,
         node,
         rt: rt(),
+        tls,
     };
     wait_for(
         Duration::from_secs(20),
@@ -61,9 +83,14 @@ fn rig(args: &str) -> Option<Rig> {
 impl Rig {
     fn try_node(&self) -> Result<pb::GetNodeResponse, tonic::Status> {
         self.rt.block_on(async {
-            let c = Client::connect(&self.server.grpc)
-                .await
-                .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+            let c = match &self.tls {
+                None => Client::connect(&self.server.grpc)
+                    .await
+                    .map_err(|e| tonic::Status::unavailable(e.to_string()))?,
+                Some((_, me)) => Client::connect_tls(&self.server.grpc, me)
+                    .await
+                    .map_err(tonic::Status::unavailable)?,
+            };
             c.get_node(&self.node).await
         })
     }
@@ -416,5 +443,48 @@ fn bad_arguments_are_refused_by_name_and_an_optional_plugin_never_stops_a_step()
         o.status.success(),
         "an optional plugin stopped the step: {}",
         text(&o.stderr)
+    );
+}
+
+#[test]
+fn over_mutual_tls_the_plugin_leases_as_its_orchestrator_identity() {
+    let pki = TestPki::new();
+    let plugin = pki.client("orchestrator", "slurm");
+    let files = |o: &Option<std::path::PathBuf>| o.as_ref().unwrap().display().to_string();
+    let args = format!(
+        "tls_ca={} tls_cert={} tls_key={}",
+        files(&plugin.ca),
+        files(&plugin.cert),
+        files(&plugin.key)
+    );
+    let Some(r) = rig_with(&args, Some(pki)) else {
+        return;
+    };
+    let child = r.slurm.spawn(
+        "srun",
+        &[
+            "-n1",
+            "--fairplace=kernel",
+            "sh",
+            "-c",
+            "grep Cpus_allowed_list /proc/self/status; sleep 3",
+        ],
+    );
+    let lease = wait_for(Duration::from_secs(30), "the task's lease", || {
+        r.slurm_leases().into_iter().next()
+    });
+    assert_eq!(
+        lease.owner, "spiffe://fairplace/orchestrator/slurm",
+        "{lease:?}"
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "srun: {}", text(&out.stderr));
+    assert_eq!(
+        cpus_of(&text(&out.stdout)).as_deref(),
+        Some(lease.cpus.as_str())
+    );
+    assert!(
+        r.slurm_leases().is_empty(),
+        "released by its owner at the task's exit"
     );
 }

@@ -87,10 +87,11 @@ impl Step {
             });
         }
         let (reply, answer) = std_mpsc::channel();
-        if !self.send(Cmd::Place {
+        let place = Cmd::Place {
             ask: Box::new(ask),
             reply,
-        }) {
+        };
+        if !self.send(place, true) {
             return Err(Failure {
                 why: "no thread to call the server".into(),
                 unknown: false,
@@ -115,14 +116,14 @@ impl Step {
     /// Says whether the task was bound to its lease; one that was not is
     /// released.
     pub fn bound(&self, task: u32, kept: bool) {
-        self.send(Cmd::Bound { task, kept });
+        self.send(Cmd::Bound { task, kept }, false);
     }
 
     /// Task `task` exited: its lease is released before this returns (or
     /// the wait is given up after twice the timeout; the TTL ends it).
     pub fn task_exited(&self, task: u32) {
         let (done, wait) = std_mpsc::channel();
-        if self.send(Cmd::Release { task, done }) {
+        if self.send(Cmd::Release { task, done }, false) {
             let _ = wait.recv_timeout(self.cfg.timeout * 2);
         }
     }
@@ -131,16 +132,18 @@ impl Step {
     /// stops.
     pub fn stop(&self) {
         let (done, wait) = std_mpsc::channel();
-        if self.send(Cmd::Stop { done }) {
+        if self.send(Cmd::Stop { done }, false) {
             let _ = wait.recv_timeout(self.cfg.timeout * 2);
         }
         self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
-    /// Sends a command, starting the thread at the first one.
-    fn send(&self, cmd: Cmd) -> bool {
+    /// Sends a command; `start`: starting the thread if it is not running
+    /// (only a lease call does: a step that asked for none has nothing to
+    /// renew or release, and never starts it).
+    fn send(&self, cmd: Cmd, start: bool) -> bool {
         let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        if tx.is_none() {
+        if tx.is_none() && start {
             let (t, rx) = mpsc::unbounded_channel();
             let cfg = Arc::clone(&self.cfg);
             match std::thread::Builder::new()
