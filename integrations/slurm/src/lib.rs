@@ -252,7 +252,7 @@ fn place_task(sp: Spank, plugin: &Plugin, step: &Step) {
         task: task as u32,
         stepd: std::process::id(),
     };
-    let allowed = match step_cpus(sp) {
+    let allowed = match step_cpus(sp).and_then(|c| task::check_map(pid, &c).map(|()| c)) {
         Ok(c) => c,
         Err(why) => return keeps_slurms(&who, &why),
     };

@@ -154,6 +154,36 @@ pub fn cpus_of_cores(cores: &str, topo: &Topology) -> Result<Vec<u32>, String> {
     Ok(out)
 }
 
+/// Checks the core map against Slurm's own binding of task `pid` (made
+/// before post_fork): a binding narrower than the machine must lie within
+/// the job's CPUs as mapped, or the map is not Slurm's and no lease is
+/// asked for on its word.
+pub fn check_map(pid: i32, job_cpus: &str) -> Result<(), String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| format!("reading task {pid}'s status: {e}"))?;
+    let bound = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(str::trim)
+        .ok_or_else(|| format!("task {pid} shows no Cpus_allowed_list"))?;
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    consistent(bound, online.trim(), job_cpus)
+}
+
+/// Whether Slurm's binding `bound` agrees with `job_cpus`; a binding to
+/// every `online` CPU (no task plugin) says nothing.
+fn consistent(bound: &str, online: &str, job_cpus: &str) -> Result<(), String> {
+    let parse = |s: &str| sysfs::parse_cpulist(s).map_err(|e| format!("cpulist {s:?}: {e}"));
+    let (b, on, job) = (parse(bound)?, parse(online)?, parse(job_cpus)?);
+    if on.iter().all(|c| b.contains(c)) || b.iter().all(|c| job.contains(c)) {
+        return Ok(());
+    }
+    Err(format!(
+        "Slurm bound the task to CPUs {bound}, outside the job's CPUs {job_cpus} as this plugin maps \
+         Slurm's cores: the machine numbers its cores otherwise"
+    ))
+}
+
 /// A cpulist ("0-3,8") of CPU ids.
 pub fn cpulist(ids: &[u32]) -> String {
     CpuMask::from_cpus(ids.iter().map(|&c| c as usize)).to_string()
@@ -255,6 +285,17 @@ mod tests {
         // Without SMT a core is a CPU.
         let t = topo(&[(0, 0), (1, 1)]);
         assert_eq!(cpus_of_cores("1", &t).unwrap(), vec![1]);
+    }
+
+    #[test]
+    fn slurms_binding_must_lie_in_the_mapped_cpus() {
+        assert!(consistent("2", "0-3", "2-3").is_ok());
+        assert!(
+            consistent("0-3", "0-3", "2").is_ok(),
+            "no task plugin: no word on the map"
+        );
+        let e = consistent("1", "0-3", "2-3").unwrap_err();
+        assert!(e.contains("outside the job's CPUs 2-3"), "{e}");
     }
 
     #[test]
