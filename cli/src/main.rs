@@ -23,7 +23,8 @@ use serde_json::json;
 #[derive(Parser)]
 #[command(name = "fairplace", version, about = "fairplace placement client")]
 struct Cli {
-    /// Server gRPC address.
+    /// Server gRPC address; several, comma-separated, for a replica set
+    /// (node calls then go to each node's owner directly).
     #[arg(
         long,
         global = true,
@@ -310,7 +311,16 @@ async fn main() {
 
 async fn connect(cli: &Cli) -> Result<Client, String> {
     let tls: TlsOptions = cli.tls.clone().into();
-    let mut c = Client::connect_tls(&cli.server, &tls)
+    // Several addresses (or one replica of a set): node calls go to each
+    // node's owner directly, from the set WatchMembers gives.
+    let addrs: Vec<String> = cli
+        .server
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(String::from)
+        .collect();
+    let mut c = Client::connect_routed(&addrs, &tls)
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", cli.server))?
         .with_token(cli.token.clone());

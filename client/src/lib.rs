@@ -10,10 +10,12 @@
 //! into [`TlsOptions`]) and touches nothing of this machine (reading /sys
 //! and /proc and applying CPU sets is `fairplace-host`).
 
+pub mod routes;
 pub mod table;
 pub mod verified;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use fairplace_proto::v1 as pb;
@@ -90,8 +92,12 @@ impl TlsOptions {
 /// A connection to a fairplace server.
 #[derive(Clone)]
 pub struct Client {
+    channel: Channel,
     placement: PlacementServiceClient<Channel>,
     admin: AdminServiceClient<Channel>,
+    /// With a replica set: who owns what ([`routes`]), so node calls go
+    /// to the owner.
+    routes: Option<Arc<routes::Routes>>,
     /// Per-attempt deadline.
     pub deadline: Duration,
     /// Attempts for a call that fails with UNAVAILABLE.
@@ -147,11 +153,73 @@ impl Client {
     pub fn from_channel(channel: Channel) -> Client {
         Client {
             placement: PlacementServiceClient::new(channel.clone()),
-            admin: AdminServiceClient::new(channel),
+            admin: AdminServiceClient::new(channel.clone()),
+            channel,
+            routes: None,
             deadline: Duration::from_secs(2),
             attempts: 4,
             token: None,
         }
+    }
+
+    /// Connects to the first of `addrs` that answers and asks it for the
+    /// replica set (WatchMembers): with several replicas, node calls then
+    /// go to each node's owner directly ([`routes`]); a single server (or
+    /// one that predates WatchMembers) is called as [`Client::connect_tls`]
+    /// would.
+    pub async fn connect_routed(addrs: &[String], tls: &TlsOptions) -> Result<Client, String> {
+        let mut why = Vec::new();
+        for addr in addrs {
+            let channel = match tls
+                .endpoint(addr)?
+                .connect_timeout(Duration::from_secs(3))
+                .tcp_nodelay(true)
+                .connect()
+                .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    why.push(format!("{addr}: {e}: {}", source_chain(&e)));
+                    continue;
+                }
+            };
+            let mut client = Self::from_channel(channel.clone());
+            let mut stream = match routes::open(channel).await {
+                Ok(s) => s,
+                Err(s) if s.code() == Code::Unimplemented => return Ok(client),
+                Err(s) => {
+                    why.push(format!("{addr}: {s}"));
+                    continue;
+                }
+            };
+            let first = match stream.message().await {
+                Ok(Some(set)) => set,
+                Ok(None) => return Ok(client),
+                Err(s) => {
+                    why.push(format!("{addr}: {s}"));
+                    continue;
+                }
+            };
+            if first.replicated {
+                client.routes = Some(routes::Routes::start(
+                    tls.clone(),
+                    first,
+                    stream,
+                    addrs.to_vec(),
+                )?);
+            }
+            return Ok(client);
+        }
+        Err(format!("cannot connect: {}", why.join("; ")))
+    }
+
+    /// The replica set's member ids this client routes over (empty: one
+    /// server).
+    pub fn members(&self) -> Vec<String> {
+        self.routes
+            .as_ref()
+            .map(|r| r.member_ids())
+            .unwrap_or_default()
     }
 
     /// Sends `authorization: Bearer TOKEN` with admin calls.
@@ -163,6 +231,12 @@ impl Client {
     fn request<T>(&self, msg: T) -> Request<T> {
         let mut r = Request::new(msg);
         r.set_timeout(self.deadline);
+        if self.routes.is_some() {
+            r.metadata_mut().insert(
+                routes::ROUTED,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
+        }
         if let Some(t) = &self.token
             && let Ok(v) = format!("Bearer {t}").parse()
         {
@@ -192,7 +266,12 @@ impl Client {
             };
             match attempt {
                 Ok(r) => return Ok(r.into_inner()),
-                Err(s) if s.code() == Code::Unavailable && left > 1 => {
+                // A redirect is answered where it points ([`Client::at`]).
+                Err(s)
+                    if s.code() == Code::Unavailable
+                        && left > 1
+                        && routes::owner_in(&s).is_none() =>
+                {
                     left -= 1;
                     tokio::time::sleep(backoff).await;
                     backoff *= 2;
@@ -202,11 +281,56 @@ impl Client {
         }
     }
 
+    /// Runs `call` on the channel for `node`: its owner's with a replica
+    /// set, else the one connection. A redirect (a stale guess) is
+    /// followed once; a member that cannot be reached is left out and the
+    /// call made at the node's next owner.
+    async fn at<T, F, Fut>(&self, node: &str, call: F) -> Result<T, Status>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let Some(routes) = &self.routes else {
+            return call(self.channel.clone()).await;
+        };
+        let Some(first) = routes.target(node) else {
+            return call(self.channel.clone()).await;
+        };
+        let err = match call(first.channel).await {
+            Ok(v) => return Ok(v),
+            Err(s) => s,
+        };
+        if let Some(addr) = routes::owner_in(&err) {
+            let ch = routes
+                .redirected(node, &addr)
+                .map_err(Status::unavailable)?;
+            return call(ch).await;
+        }
+        if routes::unreachable(&err)
+            && let Some(id) = first.member
+        {
+            routes.unreachable(&id);
+            if let Some(next) = routes.target(node) {
+                return call(next.channel).await;
+            }
+        }
+        Err(err)
+    }
+
     /// A claimed pick is not retried: the server may have committed the
     /// claim before the connection failed, and a retry would claim twice.
     pub async fn pick_cpu(&self, req: pb::PickCpuRequest) -> Result<pb::PickCpuResponse, Status> {
+        let node = req.node_id.clone();
+        self.at(&node, |ch| self.pick_cpu_on(ch, req.clone())).await
+    }
+
+    async fn pick_cpu_on(
+        &self,
+        ch: Channel,
+        req: pb::PickCpuRequest,
+    ) -> Result<pb::PickCpuResponse, Status> {
         if req.claim {
-            let mut c = self.placement.clone();
+            let mut c = PlacementServiceClient::new(ch);
             let r = self.request(req);
             return match tokio::time::timeout(self.deadline, c.pick_cpu(r)).await {
                 Ok(r) => r.map(|r| r.into_inner()),
@@ -217,7 +341,7 @@ impl Client {
             };
         }
         self.retry(|| {
-            let mut c = self.placement.clone();
+            let mut c = PlacementServiceClient::new(ch.clone());
             let r = self.request(req.clone());
             async move { c.pick_cpu(r).await }
         })
@@ -228,10 +352,13 @@ impl Client {
         &self,
         req: pb::CanMigrateRequest,
     ) -> Result<pb::CanMigrateResponse, Status> {
-        self.retry(|| {
-            let mut c = self.placement.clone();
-            let r = self.request(req.clone());
-            async move { c.can_migrate(r).await }
+        let req = &req;
+        self.at(&req.node_id, |ch| {
+            self.retry(move || {
+                let mut c = PlacementServiceClient::new(ch.clone());
+                let r = self.request(req.clone());
+                async move { c.can_migrate(r).await }
+            })
         })
         .await
     }
@@ -239,14 +366,20 @@ impl Client {
     /// Load-balance proposals for a node or a cluster group. A balance that
     /// applies its proposals as claims is not retried (it may have landed).
     pub async fn balance(&self, req: pb::BalanceRequest) -> Result<pb::BalanceResponse, Status> {
-        if req.apply {
-            let mut c = self.placement.clone();
-            return c.balance(self.request(req)).await.map(|r| r.into_inner());
-        }
-        self.retry(|| {
-            let mut c = self.placement.clone();
-            let r = self.request(req.clone());
-            async move { c.balance(r).await }
+        self.at(&req.node_id, |ch| async {
+            if req.apply {
+                let mut c = PlacementServiceClient::new(ch);
+                return c
+                    .balance(self.request(req.clone()))
+                    .await
+                    .map(|r| r.into_inner());
+            }
+            self.retry(|| {
+                let mut c = PlacementServiceClient::new(ch.clone());
+                let r = self.request(req.clone());
+                async move { c.balance(r).await }
+            })
+            .await
         })
         .await
     }
@@ -276,34 +409,40 @@ impl Client {
     }
 
     pub async fn get_node(&self, id: &str) -> Result<pb::GetNodeResponse, Status> {
-        self.retry(|| {
-            let mut c = self.admin.clone();
-            let r = self.request(pb::GetNodeRequest {
-                node_id: id.to_string(),
-            });
-            async move { c.get_node(r).await }
+        self.at(id, |ch| {
+            self.retry(move || {
+                let mut c = AdminServiceClient::new(ch.clone());
+                let r = self.request(pb::GetNodeRequest {
+                    node_id: id.to_string(),
+                });
+                async move { c.get_node(r).await }
+            })
         })
         .await
     }
 
     pub async fn get_cache(&self, id: &str) -> Result<pb::GetCacheResponse, Status> {
-        self.retry(|| {
-            let mut c = self.admin.clone();
-            let r = self.request(pb::GetCacheRequest {
-                node_id: id.to_string(),
-            });
-            async move { c.get_cache(r).await }
+        self.at(id, |ch| {
+            self.retry(move || {
+                let mut c = AdminServiceClient::new(ch.clone());
+                let r = self.request(pb::GetCacheRequest {
+                    node_id: id.to_string(),
+                });
+                async move { c.get_cache(r).await }
+            })
         })
         .await
     }
 
     pub async fn get_features(&self, node: &str) -> Result<pb::Features, Status> {
-        self.retry(|| {
-            let mut c = self.admin.clone();
-            let r = self.request(pb::GetFeaturesRequest {
-                node_id: node.to_string(),
-            });
-            async move { c.get_features(r).await }
+        self.at(node, |ch| {
+            self.retry(move || {
+                let mut c = AdminServiceClient::new(ch.clone());
+                let r = self.request(pb::GetFeaturesRequest {
+                    node_id: node.to_string(),
+                });
+                async move { c.get_features(r).await }
+            })
         })
         .await
     }
@@ -373,10 +512,25 @@ impl Client {
         if req.request_id.is_empty() {
             req.request_id = new_request_id();
         }
+        let node = req.node_id.clone();
+        let granted = self
+            .at(&node, |ch| self.allocate_on(ch, req.clone()))
+            .await?;
+        if let Some(r) = &self.routes {
+            r.lease_on(granted.lease_id, &granted.node_id);
+        }
+        Ok(granted)
+    }
+
+    async fn allocate_on(
+        &self,
+        ch: Channel,
+        req: pb::AllocateCpusRequest,
+    ) -> Result<pb::AllocateCpusResponse, Status> {
         let mut backoff = Duration::from_millis(50);
         let mut left = self.attempts.max(1);
         loop {
-            let mut c = self.placement.clone();
+            let mut c = PlacementServiceClient::new(ch.clone());
             let r = self.request(req.clone());
             let s = match tokio::time::timeout(self.deadline, c.allocate_cpus(r)).await {
                 Ok(Ok(r)) => return Ok(r.into_inner()),
@@ -385,7 +539,8 @@ impl Client {
                     Status::deadline_exceeded(format!("no answer within {:?}", self.deadline))
                 }
             };
-            let unknown = matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded);
+            let unknown = matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded)
+                && routes::owner_in(&s).is_none();
             if !unknown || left <= 1 {
                 return Err(s);
             }
@@ -396,12 +551,20 @@ impl Client {
     }
 
     pub async fn release_cpus(&self, lease_id: u64) -> Result<pb::ReleaseCpusResponse, Status> {
-        self.retry(|| {
-            let mut c = self.placement.clone();
-            let r = self.request(pb::ReleaseCpusRequest { lease_id });
-            async move { c.release_cpus(r).await }
-        })
-        .await
+        let node = self.lease_node(lease_id, false);
+        let r = self
+            .at(&node, |ch| {
+                self.retry(move || {
+                    let mut c = PlacementServiceClient::new(ch.clone());
+                    let r = self.request(pb::ReleaseCpusRequest { lease_id });
+                    async move { c.release_cpus(r).await }
+                })
+            })
+            .await;
+        if r.is_ok() {
+            self.lease_node(lease_id, true);
+        }
+        r
     }
 
     pub async fn renew_lease(
@@ -409,12 +572,24 @@ impl Client {
         lease_id: u64,
         ttl_ms: u32,
     ) -> Result<pb::RenewLeaseResponse, Status> {
-        self.retry(|| {
-            let mut c = self.placement.clone();
-            let r = self.request(pb::RenewLeaseRequest { lease_id, ttl_ms });
-            async move { c.renew_lease(r).await }
+        let node = self.lease_node(lease_id, false);
+        self.at(&node, |ch| {
+            self.retry(move || {
+                let mut c = PlacementServiceClient::new(ch.clone());
+                let r = self.request(pb::RenewLeaseRequest { lease_id, ttl_ms });
+                async move { c.renew_lease(r).await }
+            })
         })
         .await
+    }
+
+    /// The node of a lease this client granted (empty: unknown, any
+    /// replica takes the call); forgotten when `end`.
+    fn lease_node(&self, id: u64, end: bool) -> String {
+        self.routes
+            .as_ref()
+            .map(|r| r.lease_node(id, end))
+            .unwrap_or_default()
     }
 
     /// The no-op call (the framework's own cost, for benchmarks).

@@ -8,7 +8,7 @@
 //! | role | may call |
 //! |---|---|
 //! | `node/NAME` | AgentService/Report, for node NAME only |
-//! | `orchestrator/NAME` | PickCpu and PickCpus (claims counted for NAME), AllocateCpus, ReleaseCpus, RenewLease, CanMigrate, Decide, Balance without apply, ListNodes, GetNode, GetFeatures, GetCache, Ping |
+//! | `orchestrator/NAME` | PickCpu and PickCpus (claims counted for NAME), AllocateCpus, ReleaseCpus, RenewLease, CanMigrate, Decide, Balance without apply, ListNodes, GetNode, GetFeatures, GetCache, Ping, WatchMembers |
 //! | `admin/NAME` | everything, SetFeatures and Balance with apply included |
 //!
 //! Health and reflection are open to every identified caller. A certificate
@@ -132,6 +132,10 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         path: "/fairplace.v1.AdminService/Ping",
+        roles: ORCH_ADMIN,
+    },
+    Rule {
+        path: "/fairplace.v1.AdminService/WatchMembers",
         roles: ORCH_ADMIN,
     },
     Rule {
@@ -273,6 +277,15 @@ pub fn authorize(required: bool, peer: Option<&Peer>, path: &str) -> Result<Call
     )))
 }
 
+/// The metadata key of a client that routes itself to each node's owner
+/// (WatchMembers): a call for a node another replica owns is answered
+/// with the owner's address, not passed on.
+pub const ROUTED: &str = "fairplace-routed";
+
+/// Marks a call from a client that routes itself ([`ROUTED`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Routed;
+
 /// Marks a call another replica passed on: it is answered here and
 /// never forwarded again.
 #[derive(Debug, Clone, Copy)]
@@ -383,6 +396,8 @@ where
                 req.extensions_mut().insert(caller);
                 if forwarded {
                     req.extensions_mut().insert(Forwarded);
+                } else if req.headers().contains_key(ROUTED) {
+                    req.extensions_mut().insert(Routed);
                 }
                 Box::pin(self.inner.call(req))
             }

@@ -370,7 +370,7 @@ pub const ALL: [(&str, &str, &str); 63] = [
     (
         REPLICA_HANDOFFS,
         "counter",
-        "Node ownership changes at this replica, by how: claimed, released (handed to another replica), redirected (an agent sent to the owner), lost (the etcd lease ended or another replica holds the node).",
+        "Node ownership changes at this replica, by how: claimed, released (handed to another replica), redirected (an agent sent to the owner), client_redirected (a routing client sent to the owner), lost (the etcd lease ended or another replica holds the node).",
     ),
     (
         REPLICA_FORWARDS,

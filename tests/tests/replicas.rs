@@ -255,7 +255,119 @@ fn three_replicas_share_the_nodes_and_answer_for_each_other() {
         a_lease_is_routed_between_replicas(&rig, &owners).await;
         forwards_are_counted_and_one_replica_leads(&rig).await;
         a_cluster_balance_runs_on_the_leader(&rig).await;
+        a_routing_client_calls_each_owner_and_nothing_is_forwarded(&rig, &owners).await;
     });
+}
+
+/// A counter's total over its series at replica `i`.
+fn counter_sum(rig: &Rig, i: usize, name: &str) -> f64 {
+    rig.metrics(i)
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A client given the three addresses learns the set (WatchMembers) and
+/// sends every node call to the node's owner: PickCpu, GetNode and a
+/// lease's life on every node, and not one call is forwarded; a routed
+/// call that reaches another replica is answered with the owner's address
+/// instead of a forward.
+async fn a_routing_client_calls_each_owner_and_nothing_is_forwarded(
+    rig: &Rig,
+    owners: &BTreeMap<String, String>,
+) {
+    let addrs: Vec<String> = rig.addrs.clone();
+    let c = fairplace_client::Client::connect_routed(&addrs, &Default::default())
+        .await
+        .expect("a routing client");
+    assert_eq!(c.members(), ["r0", "r1", "r2"]);
+    let forwards_before: f64 = (0..3)
+        .map(|i| counter_sum(rig, i, "fairplace_replica_forwards_total"))
+        .sum();
+    let decisions_before: Vec<f64> = (0..3)
+        .map(|i| counter_sum(rig, i, "fairplace_decisions_total"))
+        .collect();
+    let mut per_owner: HashMap<String, f64> = HashMap::new();
+    for k in 0..60 {
+        let n = node("share", k);
+        let r = c
+            .pick_cpu(pb::PickCpuRequest {
+                node_id: n.clone(),
+                kind: pb::RequestKind::Fork as i32,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("routed PickCpu {n}: {e}"));
+        assert_eq!(r.node_id, n);
+        *per_owner.entry(owners[&n].clone()).or_default() += 1.0;
+        c.get_node(&n)
+            .await
+            .unwrap_or_else(|e| panic!("routed GetNode {n}: {e}"));
+        if k % 6 == 0 {
+            let g = c
+                .allocate_cpus(pb::AllocateCpusRequest {
+                    node_id: n.clone(),
+                    count: 1,
+                    holder: "routed".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("routed AllocateCpus {n}: {e}"));
+            c.renew_lease(g.lease_id, 0)
+                .await
+                .expect("routed RenewLease");
+            c.release_cpus(g.lease_id)
+                .await
+                .expect("routed ReleaseCpus");
+        }
+    }
+    let forwards_after: f64 = (0..3)
+        .map(|i| counter_sum(rig, i, "fairplace_replica_forwards_total"))
+        .sum();
+    assert_eq!(
+        forwards_after, forwards_before,
+        "a routing client's call went through a forward"
+    );
+    for (i, before) in decisions_before.iter().enumerate() {
+        let placed = counter_sum(rig, i, "fairplace_decisions_total") - before;
+        let owned = per_owner.get(&format!("r{i}")).copied().unwrap_or(0.0);
+        assert!(
+            placed >= owned,
+            "r{i} decided {placed}, owns nodes asked {owned} times"
+        );
+    }
+    // The protocol under it: a routed call at a replica that does not own
+    // the node names the owner, and is not forwarded.
+    let (n, owner) = owners.iter().next().unwrap();
+    let other = (0..3).find(|i| format!("r{i}") != *owner).unwrap();
+    let mut req = tonic::Request::new(pb::PickCpuRequest {
+        node_id: n.clone(),
+        kind: pb::RequestKind::Fork as i32,
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("fairplace-routed", "1".parse().unwrap());
+    let e = rig
+        .placement(other)
+        .pick_cpu(req)
+        .await
+        .expect_err("answered by a non-owner");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    let i: usize = owner[1..].parse().unwrap();
+    assert_eq!(
+        e.metadata()
+            .get("fairplace-owner")
+            .and_then(|v| v.to_str().ok()),
+        Some(rig.addrs[i].as_str()),
+        "the redirect names the owner: {e}"
+    );
+    assert_eq!(
+        (0..3)
+            .map(|i| counter_sum(rig, i, "fairplace_replica_forwards_total"))
+            .sum::<f64>(),
+        forwards_after
+    );
 }
 
 /// Every node has one owner key (once the start-up hand-overs, as the

@@ -8,6 +8,7 @@
 //! must survive a restart lives by default ([`state_dir`]).
 
 pub mod cpumask;
+pub mod hrw;
 pub mod input;
 pub mod limits;
 pub mod quote;

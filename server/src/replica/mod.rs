@@ -29,7 +29,7 @@ pub mod client_tls;
 pub mod etcd;
 pub mod features;
 pub mod forward;
-pub mod hrw;
+pub use fairplace_types::hrw;
 pub mod keys;
 pub mod log;
 pub mod peers;

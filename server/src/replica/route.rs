@@ -16,7 +16,7 @@ use fairplace_proto::v1::placement_service_client::PlacementServiceClient;
 use tonic::Status;
 use tonic::transport::Channel;
 
-use crate::identity::{Caller, Forwarded};
+use crate::identity::{Caller, Forwarded, Routed};
 use crate::replica::log::EtcdLog;
 use crate::replica::{ClaimError, Member, Redirect, Replica};
 use crate::store::Store;
@@ -43,6 +43,20 @@ pub fn forwarded(ext: &http::Extensions) -> bool {
     ext.get::<Forwarded>().is_some()
 }
 
+/// Where a call for a node `owner` holds goes: to it (forwarded), or, for
+/// a client that routes itself, back to the client with the owner's
+/// address, so its next call goes straight there.
+fn to_owner(owner: Member, what: String, ext: &http::Extensions) -> Result<Route, Status> {
+    if ext.get::<Routed>().is_none() {
+        return Ok(Route::Peer(owner));
+    }
+    metrics::counter!(crate::metrics::REPLICA_HANDOFFS, "how" => "client_redirected").increment(1);
+    Err(redirect_status(&Redirect {
+        why: format!("{what} is owned by replica {}", owner.id),
+        addr: owner.addr,
+    }))
+}
+
 impl Replicated {
     /// The replica that answers a call for `node`: here when it is
     /// registered here, when the call was forwarded, or when no other live
@@ -66,7 +80,9 @@ impl Replicated {
             )))
         };
         match self.replica.owner_of(node) {
-            Some(m) if m.id != self.replica.id && !forwarded(ext) => Ok(Route::Peer(m)),
+            Some(m) if m.id != self.replica.id && !forwarded(ext) => {
+                to_owner(m, format!("node {}", crate::quote::quote(node)), ext)
+            }
             // Claimed and not registered yet, or owned elsewhere and
             // forwarded here by a replica whose view was older.
             Some(_) => moving("its owner has not registered it yet"),
@@ -103,7 +119,11 @@ impl Replicated {
         };
         let node = String::from_utf8_lossy(&kv.value).into_owned();
         match self.replica.owner_of(&node) {
-            Some(m) if m.id != self.replica.id && !forwarded(ext) => Ok(Route::Peer(m)),
+            Some(m) if m.id != self.replica.id && !forwarded(ext) => to_owner(
+                m,
+                format!("lease {id}'s node {}", crate::quote::quote(&node)),
+                ext,
+            ),
             _ => Err(Status::unavailable(format!(
                 "lease_id: lease {id} is on node {}, whose leases no replica this call reached has loaded now (the node is moving); retry",
                 crate::quote::quote(&node)

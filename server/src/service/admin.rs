@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use fairplace_proto::v1 as pb;
 use fairplace_proto::v1::admin_service_server::AdminService;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
@@ -388,6 +389,63 @@ impl AdminService for Admin {
         _: Request<pb::PingRequest>,
     ) -> Result<Response<pb::PingResponse>, Status> {
         Ok(Response::new(pb::PingResponse {}))
+    }
+
+    type WatchMembersStream = ReceiverStream<Result<pb::ReplicaSet, Status>>;
+
+    /// The member set now, then at each change (read every
+    /// [`MEMBERS_EVERY`] from the replica's view, which follows etcd),
+    /// until the client goes away.
+    async fn watch_members(
+        &self,
+        _: Request<pb::WatchMembersRequest>,
+    ) -> Result<Response<Self::WatchMembersStream>, Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let Some(rep) = self.replicated.clone() else {
+            let _ = tx.try_send(Ok(pb::ReplicaSet {
+                replicated: false,
+                owner_hash: crate::replica::hrw::NAME.into(),
+                ..Default::default()
+            }));
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        };
+        tokio::spawn(async move {
+            let mut sent: Option<Arc<Vec<Member>>> = None;
+            loop {
+                let now = rep.replica.members();
+                if sent.as_ref() != Some(&now) {
+                    if tx.send(Ok(replica_set(&rep, &now))).await.is_err() {
+                        return;
+                    }
+                    sent = Some(now);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(MEMBERS_EVERY) => {}
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// How often a WatchMembers stream looks at the member set: a member that
+/// joins or leaves reaches routing clients within this of the replica
+/// seeing it.
+const MEMBERS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+fn replica_set(rep: &Replicated, members: &[Member]) -> pb::ReplicaSet {
+    pb::ReplicaSet {
+        replicated: true,
+        members: members
+            .iter()
+            .map(|m| pb::ReplicaMember {
+                id: m.id.clone(),
+                addr: m.addr.clone(),
+            })
+            .collect(),
+        owner_hash: crate::replica::hrw::NAME.into(),
+        replica_id: rep.replica.id.clone(),
     }
 }
 

@@ -2,6 +2,13 @@
 //! node. Every replica computes it alone from the same member list and gets
 //! the same answer; when a member joins or leaves, only the nodes whose
 //! highest weight was (or becomes) that member move, about 1/N of them.
+//!
+//! Shared by the server and the client library: a client given the member
+//! list (WatchMembers) computes each node's owner as the replicas do and
+//! calls it directly.
+
+/// The name of this hash in the WatchMembers answer (`owner_hash`).
+pub const NAME: &str = "rendezvous-fnv1a-fmix64";
 
 /// FNV-1a over `parts` with a separator, then a 64-bit finaliser (so that
 /// ids differing in one byte land far apart). Stable across processes and
