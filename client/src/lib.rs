@@ -479,8 +479,71 @@ impl Client {
         &self,
         requests: Vec<pb::PickCpuRequest>,
     ) -> Result<Vec<Result<pb::PickCpuResponse, Status>>, Status> {
+        let Some(routes) = &self.routes else {
+            return self.pick_cpus_on(self.channel.clone(), requests).await;
+        };
+        // With a replica set: one stream to each owner, the requests of its
+        // nodes on it, the answers put back in the order asked.
         let n = requests.len();
-        let mut answers = self.pick_cpus_stream(tokio_stream::iter(requests)).await?;
+        let asked = requests.clone();
+        let mut by_member: Vec<(Channel, Vec<usize>, Vec<pb::PickCpuRequest>)> = Vec::new();
+        let mut member_of: std::collections::HashMap<String, usize> = Default::default();
+        for (i, r) in requests.into_iter().enumerate() {
+            let Some(t) = routes.target(&r.node_id) else {
+                return Err(Status::unavailable(
+                    "no member of the replica set is reachable",
+                ));
+            };
+            let k = *member_of
+                .entry(t.member.unwrap_or_default())
+                .or_insert_with(|| {
+                    by_member.push((t.channel, Vec::new(), Vec::new()));
+                    by_member.len() - 1
+                });
+            by_member[k].1.push(i);
+            by_member[k].2.push(r);
+        }
+        let mut out: Vec<Option<Result<pb::PickCpuResponse, Status>>> =
+            (0..n).map(|_| None).collect();
+        let calls = by_member
+            .into_iter()
+            .map(|(ch, idx, reqs)| async move { (idx, self.pick_cpus_on(ch, reqs).await) });
+        for (idx, answers) in futures_util::future::join_all(calls).await {
+            let answers = answers?;
+            for (i, a) in idx.into_iter().zip(answers) {
+                out[i] = Some(a);
+            }
+        }
+        // A stale guess answered in the stream (its answer names the owner
+        // in words only): asked again on its own, which follows the
+        // owner's address.
+        let mut done = Vec::with_capacity(n);
+        for (a, req) in out.into_iter().zip(asked) {
+            done.push(match a {
+                Some(Err(s))
+                    if s.code() == Code::Unavailable && s.message().contains("reconnect to") =>
+                {
+                    self.pick_cpu(req).await
+                }
+                Some(a) => a,
+                None => Err(Status::internal("no answer")),
+            });
+        }
+        Ok(done)
+    }
+
+    /// PickCpus for a batch on `channel`: each request's answer or error,
+    /// in order.
+    async fn pick_cpus_on(
+        &self,
+        channel: Channel,
+        requests: Vec<pb::PickCpuRequest>,
+    ) -> Result<Vec<Result<pb::PickCpuResponse, Status>>, Status> {
+        let n = requests.len();
+        let mut r = self.request(tokio_stream::iter(requests));
+        r.metadata_mut().remove("grpc-timeout");
+        let mut c = PlacementServiceClient::new(channel);
+        let mut answers = c.pick_cpus(r).await?.into_inner();
         let mut out = Vec::with_capacity(n);
         while let Some(a) = answers.message().await? {
             out.push(match a.result {

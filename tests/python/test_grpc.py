@@ -138,6 +138,72 @@ def test_pick_cpu_on_the_agents_node(stubs, pki, server):
         assert e.value.details().startswith("this_cpu:")
 
 
+def hrw_weight(member, node):
+    """The replicas' rendezvous weight (types/src/hrw.rs), written again here
+    from its description: FNV-1a over MEMBER, a zero byte and NODE, then
+    murmur3's fmix64."""
+    mask = (1 << 64) - 1
+    h = 0xcbf29ce484222325
+    for b in member.encode() + b"\0" + node.encode():
+        h = ((h ^ b) * 0x100000001b3) & mask
+    h ^= h >> 33
+    h = (h * 0xff51afd7ed558ccd) & mask
+    h ^= h >> 33
+    h = (h * 0xc4ceb9fe1a85ec53) & mask
+    return h ^ (h >> 33)
+
+
+def hrw_owner(members, node):
+    """The member with the highest weight; ties to the smaller id."""
+    return max(members, key=lambda m: (hrw_weight(m, node), [-c for c in m.encode()]))
+
+
+def test_a_routing_client_in_python_finds_the_owner_and_calls_it(stubs, pki, server):
+    """The routing protocol from another language: WatchMembers gives the
+    set and the hash, the owner computed here answers a routed call itself.
+    A single server says it is not replicated and ends the stream."""
+    with channel(pki, server) as ch:
+        wait_node(stubs, ch)
+        admin = stubs["admin_grpc"].AdminServiceStub(ch)
+        sets = admin.WatchMembers(stubs["admin"].WatchMembersRequest(), timeout=5)
+        first = next(iter(sets))
+        sets.cancel()
+        assert first.owner_hash == "rendezvous-fnv1a-fmix64"
+        if not first.replicated:
+            assert not first.members
+            return
+        ids = [m.id for m in first.members]
+        assert ids == sorted(ids) and first.replica_id in ids
+        owner = next(m for m in first.members if m.id == hrw_owner(ids, "py"))
+    with channel(pki, owner.addr) as ch:
+        p = stubs["placement_grpc"].PlacementServiceStub(ch)
+        pl = stubs["placement"]
+        r = p.PickCpu(pl.PickCpuRequest(node_id="py", kind=pl.REQUEST_KIND_FORK, this_cpu=0), timeout=2,
+                      metadata=(("fairplace-routed", "1"),))
+        assert r.node_id == "py"
+
+
+def test_the_rendezvous_weight_is_the_servers():
+    """The same values the Rust implementation is tested for (types/src/hrw.rs)."""
+    assert hrw_weight("r0", "node-0") == 0xfcb4ada229a6710e
+    assert hrw_weight("r1", "node-0") == 0xad7b92532f1d145e
+    assert hrw_weight("r2", "scale-17") == 0xf35f0ab657372a13
+    assert hrw_weight("replica-a", "vm") == 0xde4b5bd90f818a72
+
+
+def test_the_rendezvous_weight_spreads_nodes_over_members_as_the_servers_do():
+    """The Python weight gives each of three members about a third of 30,000
+    nodes, and a member leaving moves only its own nodes (the properties the
+    Rust unit tests check of the servers' own)."""
+    members = ["r0", "r1", "r2"]
+    owners = {f"node-{i}": hrw_owner(members, f"node-{i}") for i in range(30000)}
+    for m in members:
+        assert 9500 < sum(1 for o in owners.values() if o == m) < 10500
+    for n, o in owners.items():
+        if o != "r1":
+            assert hrw_owner(["r0", "r2"], n) == o
+
+
 def test_pick_cpus_answers_each_request_in_order_as_pick_cpu_would(stubs, pki, server):
     """PickCpus from a peer of another language: every request answered in
     order, a bad one with its own error and the stream going on, and the

@@ -322,6 +322,25 @@ async fn a_routing_client_calls_each_owner_and_nothing_is_forwarded(
                 .expect("routed ReleaseCpus");
         }
     }
+    // PickCpus: one stream per owner, the answers in the order asked.
+    let batch: Vec<pb::PickCpuRequest> = (0..60)
+        .map(|k| pb::PickCpuRequest {
+            node_id: node("share", k),
+            kind: pb::RequestKind::Fork as i32,
+            ..Default::default()
+        })
+        .collect();
+    let answers = c.pick_cpus(batch).await.expect("routed PickCpus");
+    for (k, a) in answers.iter().enumerate() {
+        let a = a
+            .as_ref()
+            .unwrap_or_else(|e| panic!("PickCpus answer {k}: {e}"));
+        assert_eq!(
+            a.node_id,
+            node("share", k as u32),
+            "answers in the order asked"
+        );
+    }
     let forwards_after: f64 = (0..3)
         .map(|i| counter_sum(rig, i, "fairplace_replica_forwards_total"))
         .sum();

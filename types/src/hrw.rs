@@ -45,6 +45,17 @@ mod tests {
         (0..n).map(|i| format!("node-{i}")).collect()
     }
 
+    /// The weight is part of the protocol clients compute owners with
+    /// (WatchMembers): these values come from an implementation written
+    /// apart from this one (the Python peer's, tests/python/test_grpc.py).
+    #[test]
+    fn the_weight_is_the_one_other_languages_compute() {
+        assert_eq!(weight("r0", "node-0"), 0xfcb4_ada2_29a6_710e);
+        assert_eq!(weight("r1", "node-0"), 0xad7b_9253_2f1d_145e);
+        assert_eq!(weight("r2", "scale-17"), 0xf35f_0ab6_5737_2a13);
+        assert_eq!(weight("replica-a", "vm"), 0xde4b_5bd9_0f81_8a72);
+    }
+
     #[test]
     fn every_replica_gets_a_fair_share() {
         let members = ["r0", "r1", "r2"];

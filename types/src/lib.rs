@@ -1,6 +1,7 @@
 //! What the fairplace server and its clients (the CLI, the agent, the
 //! benchmarks) share, kept small so a client does not link the server:
-//! CPU masks ([`cpumask`]), the bounds an agent's report must keep
+//! CPU masks ([`cpumask`]), which replica owns a node ([`hrw`], the
+//! rendezvous hash routing clients compute too), the bounds an agent's report must keep
 //! ([`limits`], so the agent trims to exactly what the server accepts),
 //! the field-named error every input check returns ([`FieldError`]),
 //! how a scenario file is cut into scenarios ([`input`]), and how a

@@ -33,6 +33,10 @@
 //!   Ping, with the leases in memory, in redb and in etcd.
 //! - `replicas`: PickCpu at a node's owner, forwarded by another replica
 //!   and on a single server, and a lease's life in etcd against redb.
+//! - `scale`: 3 replicas on a 3-member etcd with 30,000 nodes, routing
+//!   clients: node PickCpu against one server with the same nodes, the
+//!   share forwarded, cluster picks and durable allocations per second,
+//!   memory per replica.
 //!
 //! Every loop is bounded in time and count and stops by itself.
 //!
@@ -64,6 +68,8 @@ mod memory;
 mod replicas;
 #[path = "fairplace-load/rpc.rs"]
 mod rpc;
+#[path = "fairplace-load/scale.rs"]
+mod scale;
 #[path = "fairplace-load/shared.rs"]
 mod shared;
 #[path = "fairplace-load/wire.rs"]
@@ -117,6 +123,11 @@ enum Cmd {
     Replicas(replicas::Opts),
     /// Resident memory with many registered nodes.
     Memory(memory::Opts),
+    /// The replica set at cluster scale: 3 replicas on a 3-member etcd
+    /// with tens of thousands of nodes, routing clients; node PickCpu
+    /// against one server with the same nodes, the share forwarded,
+    /// cluster picks and durable allocations per second, memory.
+    Scale(scale::Opts),
 }
 
 #[tokio::main]
@@ -139,5 +150,6 @@ async fn main() {
         Cmd::Flood(o) => flood::run(server, &launch, o).await,
         Cmd::Replicas(o) => replicas::run(server, &launch, o).await,
         Cmd::Memory(o) => memory::run(server, &launch, o).await,
+        Cmd::Scale(o) => scale::run(server, &launch, o).await,
     }
 }

@@ -318,6 +318,15 @@ impl Hierarchy {
         self.remote().get(id).cloned()
     }
 
+    /// A counted remote node's aggregate, if it has an online CPU in
+    /// `allowed`: what a cluster pick compares, copied alone (the whole
+    /// record is not, for each of a leaf's candidates).
+    pub fn remote_agg(&self, id: &str, allowed: &CpuMask) -> Option<NodeAgg> {
+        let r = self.remote();
+        let n = r.get(id)?;
+        n.online.intersects(allowed).then_some(n.agg)
+    }
+
     /// Remote nodes counted.
     pub fn remote_len(&self) -> usize {
         self.remote().len()
@@ -361,16 +370,16 @@ impl Hierarchy {
                 None => node.clone(),
             });
         if depth == self.config.levels.len() {
+            // The names are copied out of the group's lock first: the
+            // aggregates are read under the remote nodes' lock, which
+            // `remote_put` holds while it takes the group's.
             let names = g.own_nodes();
-            let cands: Vec<(String, NodeAgg, i64, String)> = names
-                .into_iter()
-                .filter_map(|id| node_agg(&id).map(|a| (id.clone(), a, 1, id)))
-                .collect();
-            let (node, n, moved) = choose(
-                self.config.node_imbalance_pct,
-                cands.into_iter(),
-                local_key.as_deref(),
-            )?;
+            let cands = names
+                .iter()
+                .filter_map(|id| node_agg(id).map(|a| (id.as_str(), a, 1, id.as_str())));
+            let (node, n, moved) =
+                choose(self.config.node_imbalance_pct, cands, local_key.as_deref())?;
+            let node = node.to_string();
             *compared += n;
             if moved && level == "none" {
                 *level = "node".into();
@@ -437,9 +446,9 @@ fn leave_local(pct: u32, local: &NodeAgg, local_nodes: i64, idlest: &NodeAgg) ->
 /// One level of the walk: the idlest candidate (first in order on ties), or
 /// the local one when the rules keep the task there. Returns the choice, the
 /// number of candidates compared, and whether it left the local group.
-fn choose<T>(
+fn choose<K: AsRef<str>, T>(
     pct: u32,
-    cands: impl Iterator<Item = (String, NodeAgg, i64, T)>,
+    cands: impl Iterator<Item = (K, NodeAgg, i64, T)>,
     local_key: Option<&str>,
 ) -> Option<(T, u32, bool)> {
     let mut n = 0;
@@ -447,7 +456,7 @@ fn choose<T>(
     let mut local: Option<(NodeAgg, i64, T)> = None;
     for (k, a, nodes, t) in cands {
         n += 1;
-        if Some(k.as_str()) == local_key {
+        if Some(k.as_ref()) == local_key {
             local = Some((a, nodes, t));
             continue;
         }

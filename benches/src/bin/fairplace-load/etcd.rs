@@ -11,18 +11,24 @@ use std::time::Duration;
 
 use crate::shared::Server;
 
-/// A one-member etcd on free ports in a temporary directory.
+/// An etcd of one or more members on free loopback ports, each in a
+/// temporary directory.
 pub struct Etcd {
-    child: Child,
-    dir: std::path::PathBuf,
+    children: Vec<Child>,
+    dirs: Vec<std::path::PathBuf>,
+    /// The client URLs, comma-separated (`--etcd-endpoints`).
     url: String,
 }
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir_all(d);
+        }
     }
 }
 
@@ -34,36 +40,61 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// Starts the etcd (`etcd` on the PATH, or FAIRPLACE_ETCD) and gives it
-/// two seconds to come up.
+/// Starts a one-member etcd (`etcd` on the PATH, or FAIRPLACE_ETCD) and
+/// gives it two seconds to come up.
 pub fn etcd() -> Etcd {
+    etcd_cluster(1)
+}
+
+/// Starts an etcd of `n` members on loopback and gives it a few seconds
+/// to elect a leader.
+pub fn etcd_cluster(n: usize) -> Etcd {
     let bin = std::env::var("FAIRPLACE_ETCD").unwrap_or_else(|_| "etcd".into());
-    let dir = std::env::temp_dir().join(format!("fairplace-load-etcd-{}", std::process::id()));
-    let (c, p) = (free_port(), free_port());
-    let url = format!("http://127.0.0.1:{c}");
-    let peer = format!("http://127.0.0.1:{p}");
-    let child = Command::new(bin)
-        .args(["--name", "e0", "--data-dir"])
-        .arg(&dir)
-        .args([
-            "--listen-client-urls",
-            &url,
-            "--advertise-client-urls",
-            &url,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer,
-            "--initial-advertise-peer-urls",
-            &peer,
-        ])
-        .args(["--initial-cluster", &format!("e0={peer}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start etcd (apt-get install etcd-server, or set FAIRPLACE_ETCD)");
-    std::thread::sleep(Duration::from_secs(2));
-    Etcd { child, dir, url }
+    let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+    let initial: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, p))| format!("e{i}=http://127.0.0.1:{p}"))
+        .collect();
+    let mut e = Etcd {
+        children: Vec::new(),
+        dirs: Vec::new(),
+        url: String::new(),
+    };
+    let mut urls = Vec::new();
+    for (i, (c, p)) in ports.iter().enumerate() {
+        let dir =
+            std::env::temp_dir().join(format!("fairplace-load-etcd-{}-{i}", std::process::id()));
+        let url = format!("http://127.0.0.1:{c}");
+        let peer = format!("http://127.0.0.1:{p}");
+        let child = Command::new(&bin)
+            .args(["--name", &format!("e{i}"), "--data-dir"])
+            .arg(&dir)
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &initial.join(",")])
+            .args(["--initial-cluster-state", "new"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd (apt-get install etcd-server, or set FAIRPLACE_ETCD)");
+        e.children.push(child);
+        e.dirs.push(dir);
+        urls.push(url);
+    }
+    e.url = urls.join(",");
+    std::thread::sleep(Duration::from_secs(if n > 1 { 4 } else { 2 }));
+    e
 }
 
 /// A replica `id` of this build's server on `etcd`.

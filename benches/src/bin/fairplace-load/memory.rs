@@ -16,7 +16,7 @@ use fairplace_benches::load::{states, topology};
 
 use crate::etcd::{etcd, replica};
 use crate::shared::{
-    Launch, NodeStream, Server, channels, register, register_nodes, store_update, update,
+    Launch, NodeStream, Server, channels, register_node, register_nodes, store_update, update,
 };
 
 #[derive(clap::Args)]
@@ -152,7 +152,7 @@ async fn over_replicas(cpus: &str, threads: usize, nodes: usize, node_cpus: u32,
         chans.push(channels(&s.grpc, 8).await);
     }
     let t0 = Instant::now();
-    let (streams, per) = register_at_owners(&chans, &ids, nodes, node_cpus).await;
+    let (streams, per) = register_at_owners(&chans, &ids, "mem", nodes, node_cpus, None).await;
     let took = t0.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     println!(
@@ -175,28 +175,41 @@ async fn over_replicas(cpus: &str, threads: usize, nodes: usize, node_cpus: u32,
     drop(streams);
 }
 
-/// Registers each node at its owner among the replicas `ids` (their
-/// connections `chans`), a few registrations in flight per replica; the
-/// streams, kept open, and how many nodes each replica got.
-async fn register_at_owners(
+/// Registers nodes `{prefix}-0` to `{prefix}-{nodes - 1}` each at its
+/// owner among the replicas `ids` (their connections `chans`; one id: a
+/// single server), a few registrations in flight per replica; with
+/// `zones`, node `i` labelled zone `z{i % zones}` and rack `r{i / zones %
+/// 20}` (the cluster hierarchy's levels); the streams, kept open, and how
+/// many nodes each replica got.
+pub async fn register_at_owners(
     chans: &[Vec<tonic::transport::Channel>],
     ids: &[String],
+    prefix: &str,
     nodes: usize,
     node_cpus: u32,
+    zones: Option<usize>,
 ) -> (Vec<NodeStream>, Vec<usize>) {
     let n = ids.len();
     let mut set = tokio::task::JoinSet::new();
     let mut streams = Vec::with_capacity(nodes);
     let mut per = vec![0usize; n];
     for i in 0..nodes {
-        let id = format!("mem-{i}");
+        let id = format!("{prefix}-{i}");
         let owner = fairplace::replica::hrw::owner(ids.iter().map(String::as_str), &id)
             .and_then(|o| ids.iter().position(|x| x == o))
             .expect("an owner");
         per[owner] += 1;
-        let ch = chans[owner][i % 8].clone();
+        let ch = chans[owner][i % chans[owner].len()].clone();
+        let labels: std::collections::HashMap<String, String> = match zones {
+            Some(z) => [
+                ("zone".to_string(), format!("z{}", i % z)),
+                ("rack".to_string(), format!("r{}", i / z % 20)),
+            ]
+            .into(),
+            None => Default::default(),
+        };
         set.spawn(async move {
-            let mut s = register(ch, &id, node_cpus).await;
+            let mut s = register_node(ch, &id, topology(node_cpus), labels).await;
             s.tx.send(update(1, true, states(node_cpus, i as u64 + 1)))
                 .await
                 .unwrap();

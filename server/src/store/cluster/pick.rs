@@ -33,8 +33,7 @@ impl Cluster {
                 return None;
             }
             let Some(n) = self.table.get(id) else {
-                let r = self.hierarchy.remote_node(id)?;
-                return r.online.intersects(allowed).then_some(r.agg);
+                return self.hierarchy.remote_agg(id, allowed);
             };
             let s = n.snapshot();
             (self.table.is_fresh(&s, now) && s.topo.online.intersects(allowed)).then_some(s.agg)
