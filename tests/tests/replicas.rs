@@ -387,6 +387,54 @@ async fn a_routing_client_calls_each_owner_and_nothing_is_forwarded(
             .sum::<f64>(),
         forwards_after
     );
+    a_routing_client_outlives_a_member(rig, owners, &c).await;
+}
+
+/// A member killed (-9): the client finds it unreachable, sends its nodes'
+/// calls to their next owners, and its member set shrinks.
+async fn a_routing_client_outlives_a_member(
+    rig: &Rig,
+    owners: &BTreeMap<String, String>,
+    c: &fairplace_client::Client,
+) {
+    send_signal(rig.replicas[2].as_ref().unwrap().pid(), 9);
+    let t0 = Instant::now();
+    for n in owners.iter().filter(|(_, o)| *o == "r2").map(|(n, _)| n) {
+        loop {
+            let r = c
+                .pick_cpu(pb::PickCpuRequest {
+                    node_id: n.clone(),
+                    kind: pb::RequestKind::Fork as i32,
+                    ..Default::default()
+                })
+                .await;
+            match r {
+                Ok(r) => {
+                    assert_eq!(&r.node_id, n);
+                    break;
+                }
+                Err(e) => {
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(30),
+                        "{n} never placed after r2 died: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+    while c.members() != ["r0", "r1"] {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the client still routes over {:?}",
+            c.members()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "r2 killed: its nodes placed at their next owners, the set shrunk, in {:?}",
+        t0.elapsed()
+    );
 }
 
 /// Every node has one owner key (once the start-up hand-overs, as the
