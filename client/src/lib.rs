@@ -448,10 +448,13 @@ impl Client {
     }
 
     pub async fn set_features(&self, req: pb::SetFeaturesRequest) -> Result<pb::Features, Status> {
-        self.retry(|| {
-            let mut c = self.admin.clone();
-            let r = self.request(req.clone());
-            async move { c.set_features(r).await }
+        let req = &req;
+        self.at(&req.node_id, |ch| {
+            self.retry(move || {
+                let mut c = AdminServiceClient::new(ch.clone());
+                let r = self.request(req.clone());
+                async move { c.set_features(r).await }
+            })
         })
         .await
     }

@@ -266,6 +266,8 @@ fn expected(role: &str, method: &str) -> bool {
                 | "/fairplace.v1.AdminService/GetFeatures"
                 | "/fairplace.v1.AdminService/GetCache"
                 | "/fairplace.v1.AdminService/Ping"
+                // Routing clients (issue 46): who owns what.
+                | "/fairplace.v1.AdminService/WatchMembers"
         ),
         _ => false,
     }
@@ -309,7 +311,7 @@ fn every_rpc_for_every_role() {
     let pki = TestPki::new();
     let server = mtls_server(&pki, &[]);
     let methods = all_methods();
-    assert_eq!(methods.len(), 22, "{methods:?}");
+    assert_eq!(methods.len(), 23, "{methods:?}");
     let mut table: BTreeMap<(String, &str), Code> = BTreeMap::new();
     rt().block_on(async {
         for role in ["node", "orchestrator", "admin", "replica"] {
