@@ -56,6 +56,15 @@ pub fn plugin() -> PathBuf {
     p
 }
 
+/// A loop pinned to `cpu` outside Slurm (a busy neighbour).
+pub fn busy_loop(cpu: &str) -> std::process::Child {
+    Command::new("taskset")
+        .args(["-c", cpu, "sh", "-c", "while :; do :; done"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("taskset")
+}
+
 /// A running Slurm: controller, node daemon and munge.
 pub struct Slurm {
     pub dir: StateDir,
@@ -152,6 +161,31 @@ impl Slurm {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("start {prog}: {e}"))
+    }
+
+    /// The CPUs Slurm alone (`--fairplace=off`) binds a one-task
+    /// `--exclusive` step to.
+    pub fn own_binding(&self) -> String {
+        let o = self.run(
+            "srun",
+            &[
+                "-n1",
+                "--exclusive",
+                "--fairplace=off",
+                "grep",
+                "Cpus_allowed_list",
+                "/proc/self/status",
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "srun: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout)
+            .split_once(':')
+            .map(|(_, c)| c.trim().to_string())
+            .expect("the task's CPUs")
     }
 
     /// slurmd's log (the plugin's lines in slurmstepd land there).

@@ -7,11 +7,11 @@
 //! Skipped where Slurm is not installed, unless `FAIRPLACE_REQUIRE_SLURM`
 //! is set (CI installs it and sets it).
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use fairplace_client::Client;
-use fairplace_e2e::slurm::{self, Slurm};
+use fairplace_e2e::slurm::{self, Slurm, busy_loop};
 use fairplace_e2e::tls::{TestPki, TlsOptions};
 use fairplace_e2e::{Agent, Server, pb, rt, send_signal, wait_for};
 
@@ -124,6 +124,12 @@ impl Rig {
     }
 }
 
+/// The job id a Slurm lease's holder names (`slurm 17.0 task 1` -> 17).
+fn job_of(lease: &pb::Lease) -> String {
+    let step = lease.holder.split_whitespace().nth(1).unwrap_or_default();
+    step.split('.').next().unwrap_or_default().to_string()
+}
+
 /// The CPU list in a `grep Cpus_allowed_list /proc/self/status` line.
 fn cpus_of(line: &str) -> Option<String> {
     line.split_once("Cpus_allowed_list:")
@@ -132,15 +138,6 @@ fn cpus_of(line: &str) -> Option<String> {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// A loop pinned to `cpu`, outside Slurm.
-fn busy_loop(cpu: &str) -> Child {
-    Command::new("taskset")
-        .args(["-c", cpu, "sh", "-c", "while :; do :; done"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("taskset")
 }
 
 struct Killed(Child);
@@ -229,18 +226,7 @@ fn a_one_cpu_exclusive_step_lands_on_an_idle_cpu_where_slurm_alone_binds_it_to_a
 #[test]
 fn a_batch_job_and_its_steps_are_placed_the_same_way() {
     let Some(r) = rig("") else { return };
-    let off = r.slurm.run(
-        "srun",
-        &[
-            "-n1",
-            "--exclusive",
-            "--fairplace=off",
-            "grep",
-            "Cpus_allowed_list",
-            "/proc/self/status",
-        ],
-    );
-    let slurms = cpus_of(&text(&off.stdout)).expect("Slurm's CPU");
+    let slurms = r.slurm.own_binding();
     let _busy = Killed(busy_loop(&slurms));
     r.wait_busy(slurms.parse().unwrap());
     let out = r.slurm.path("batch.out");
@@ -361,15 +347,7 @@ fn scancel_and_a_killed_slurmstepd_leave_no_lease_past_its_ttl() {
         later.iter().any(|l| l.lease_id == first.lease_id),
         "the lease of a running task was not renewed: {later:?}"
     );
-    let job = first
-        .holder
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .split('.')
-        .next()
-        .unwrap()
-        .to_string();
+    let job = job_of(&first);
     let o = r.slurm.run("scancel", &[&job]);
     assert!(o.status.success());
     wait_for(
@@ -385,15 +363,7 @@ fn scancel_and_a_killed_slurmstepd_leave_no_lease_past_its_ttl() {
             .spawn("srun", &["-n1", "--fairplace=kernel", "sleep", "300"]),
     );
     let lease = lease_of(&r);
-    let job = lease
-        .holder
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .split('.')
-        .next()
-        .unwrap()
-        .to_string();
+    let job = job_of(&lease);
     let stepds = r.slurm.stepds(&job);
     assert!(!stepds.is_empty(), "no slurmstepd for job {job}");
     let killed = Instant::now();

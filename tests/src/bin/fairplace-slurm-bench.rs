@@ -17,7 +17,6 @@
 //! Last line: `slurm: cpu-bound wall fairplace/slurm R, step start +M ms
 //! median, +P ms p99 (N steps each)`.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fairplace_e2e::slurm::{self, Slurm};
@@ -113,26 +112,8 @@ fn timed(s: &Slurm, args: &[&str]) -> f64 {
 
 /// The CPU-bound step's wall times: (Slurm's binding, fairplace's).
 fn cpu_bound(s: &Slurm, a: &Args) -> (Vec<f64>, Vec<f64>) {
-    let probe = s.run(
-        "srun",
-        &[
-            "-n1",
-            "--exclusive",
-            "--fairplace=off",
-            "grep",
-            "Cpus_allowed_list",
-            "/proc/self/status",
-        ],
-    );
-    let cpu = String::from_utf8_lossy(&probe.stdout)
-        .split_once(':')
-        .map(|(_, c)| c.trim().to_string())
-        .expect("Slurm's CPU for a one-task step");
-    let mut busy = Command::new("taskset")
-        .args(["-c", &cpu, "sh", "-c", "while :; do :; done"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("taskset");
+    let cpu = s.own_binding();
+    let mut busy = slurm::busy_loop(&cpu);
     // The agent reports every second or so; give the server a sample of it.
     std::thread::sleep(Duration::from_secs(3));
     let work = format!("i=0; while [ $i -lt {} ]; do i=$((i+1)); done", a.work);

@@ -25,6 +25,7 @@
 
 use std::time::Duration;
 
+use fairplace_benches::load::wakeup_on_load;
 use fairplace_client::{Client, TlsOptions, pb};
 
 use crate::etcd::{etcd_cluster, replica};
@@ -55,18 +56,9 @@ pub struct Opts {
 /// the nodes.
 fn node_pick(prefix: &str, nodes: usize, i: usize, turn: usize) -> pb::PickCpuRequest {
     let k = (i.wrapping_mul(7_919) + turn.wrapping_mul(104_729)) % nodes;
-    let this = (turn % 128) as u32;
     pb::PickCpuRequest {
         node_id: format!("{prefix}-{k}"),
-        task: Some(pb::Task {
-            prev_cpu: Some((this + 17) % 128),
-            util_avg: 150,
-            load_avg: 200,
-            ..Default::default()
-        }),
-        kind: pb::RequestKind::Wakeup as i32,
-        this_cpu: this,
-        ..Default::default()
+        ..wakeup_on_load(turn)
     }
 }
 
