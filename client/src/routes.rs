@@ -147,28 +147,21 @@ impl Routes {
     /// dead (a learned owner first); any member, in turn, for no node.
     pub fn target(&self, node: &str) -> Option<Target> {
         let t = self.read();
-        let live: Vec<&Member> = t
-            .members
-            .iter()
-            .filter(|m| !t.dead.contains(&m.id))
-            .collect();
-        if node.is_empty() {
-            let m = live.get(self.next.fetch_add(1, Ordering::Relaxed) % live.len().max(1))?;
-            return Some(Target {
-                channel: m.channel.clone(),
-                member: Some(m.id.clone()),
-            });
-        }
-        if let Some(addr) = t.learned.get(node)
-            && let Some(m) = t.members.iter().find(|m| &m.addr == addr)
+        // Iterated, not collected: a routed call allocates nothing here.
+        let live = || t.members.iter().filter(|m| !t.dead.contains(&m.id));
+        let m = if node.is_empty() {
+            let n = live().count();
+            live().nth(self.next.fetch_add(1, Ordering::Relaxed) % n.max(1))?
+        } else if let Some(m) = t
+            .learned
+            .get(node)
+            .and_then(|addr| t.members.iter().find(|m| &m.addr == addr))
         {
-            return Some(Target {
-                channel: m.channel.clone(),
-                member: Some(m.id.clone()),
-            });
-        }
-        let id = hrw::owner(live.iter().map(|m| m.id.as_str()), node)?;
-        let m = live.iter().find(|m| m.id == id)?;
+            m
+        } else {
+            let id = hrw::owner(live().map(|m| m.id.as_str()), node)?;
+            live().find(|m| m.id == id)?
+        };
         Some(Target {
             channel: m.channel.clone(),
             member: Some(m.id.clone()),
