@@ -1,11 +1,12 @@
 use prost::Message;
 
-const PROTOS: [&str; 5] = [
+const PROTOS: [&str; 6] = [
     "fairplace/v1/types.proto",
     "fairplace/v1/agent.proto",
     "fairplace/v1/placement.proto",
     "fairplace/v1/admin.proto",
     "fairplace/v1/replica.proto",
+    "fairplace/v1/record.proto",
 ];
 
 /// The subset of etcd's v3 API the replicas speak (`fairplace::replica`):

@@ -106,6 +106,7 @@ pub fn placement() -> Placement {
         .apply(&node, generation, &update, Instant::now())
         .unwrap();
     Placement {
+        recorder: fairplace::record::Hub::new(&store),
         store,
         heavy: CpuPool::new(1, 1),
         hub: Arc::new(LeaseHub::default()),

@@ -12,7 +12,7 @@
 
 mod run;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -125,6 +125,23 @@ enum Cmd {
     Allocate(AllocateArgs),
     /// ReleaseCpus: end a lease.
     Release(ReleaseArgs),
+    /// Record what the server sees and decides for a while (AdminService.
+    /// Record; an admin call) into DIR, for `fairplace-server replay DIR`.
+    /// With several --server addresses, each replica's nodes go to a
+    /// folder of DIR of their own.
+    Record(RecordArgs),
+}
+
+#[derive(clap::Args)]
+struct RecordArgs {
+    /// Where the segment goes (made if missing).
+    dir: PathBuf,
+    /// How long to record (s, 1..3600).
+    #[arg(long, default_value_t = 60)]
+    seconds: u32,
+    /// Stop after this many bytes (0: the server's limit, 1 GiB).
+    #[arg(long, default_value_t = 0)]
+    max_bytes: u64,
 }
 
 #[derive(clap::Args)]
@@ -346,7 +363,102 @@ async fn run(cli: Cli) -> Result<(), String> {
         Cmd::Run(args) => run_cmd(&cli, args).await,
         Cmd::Allocate(args) => allocate_cmd(&cli, args).await,
         Cmd::Release(args) => release_cmd(&cli, args).await,
+        Cmd::Record(args) => record_cmd(&cli, args).await,
     }
+}
+
+/// `fairplace record`: one segment per server address, written as it
+/// arrives (what came before an error is whole and replays).
+async fn record_cmd(cli: &Cli, args: &RecordArgs) -> Result<(), String> {
+    let tls: TlsOptions = cli.tls.clone().into();
+    let addrs: Vec<&str> = cli
+        .server
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    let one = addrs.len() == 1;
+    let calls = addrs.iter().enumerate().map(|(i, addr)| {
+        let dir = if one {
+            args.dir.clone()
+        } else {
+            args.dir.join(format!("replica-{i}"))
+        };
+        let tls = &tls;
+        async move {
+            let mut c = Client::connect_tls(addr, tls)
+                .await
+                .map_err(|e| format!("cannot connect to {addr}: {e}"))?
+                .with_token(cli.token.clone());
+            c.deadline = Duration::from_millis(cli.deadline_ms);
+            record_one(&c, addr, &dir, args).await
+        }
+    });
+    let mut failed = Vec::new();
+    for r in futures_util::future::join_all(calls).await {
+        match r {
+            Ok(line) => println!("{line}"),
+            Err(e) => failed.push(e),
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
+async fn record_one(
+    c: &Client,
+    addr: &str,
+    dir: &Path,
+    args: &RecordArgs,
+) -> Result<String, String> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // The next number after any segment already there: a second recording
+    // into the same folder adds to it.
+    let next = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_suffix(".fprec")?
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let path = dir.join(format!("{next:08}.fprec"));
+    let mut stream = c
+        .record(args.seconds, args.max_bytes)
+        .await
+        .map_err(status)?;
+    let mut f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut bytes = 0u64;
+    loop {
+        match stream.message().await {
+            Ok(Some(chunk)) => {
+                f.write_all(&chunk.data)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                bytes += chunk.data.len() as u64;
+            }
+            Ok(None) => break,
+            Err(s) => {
+                return Err(format!(
+                    "{addr}: {} (the {bytes} bytes before it are in {})",
+                    status(s),
+                    path.display()
+                ));
+            }
+        }
+    }
+    Ok(format!(
+        "recorded {bytes} bytes from {addr} in {}",
+        path.display()
+    ))
 }
 
 /// `fairplace run`: lease, run CMD on the lease, exit with its status.

@@ -459,6 +459,22 @@ impl Client {
         .await
     }
 
+    /// AdminService.Record: what the server sees and decides for `seconds`,
+    /// as the bytes of one recording segment (`fairplace-server replay`
+    /// reads a directory of them). With a replica set, the server first
+    /// connected to records the nodes it holds.
+    pub async fn record(
+        &self,
+        seconds: u32,
+        max_bytes: u64,
+    ) -> Result<tonic::Streaming<pb::RecordChunk>, Status> {
+        let mut r = self.request(pb::RecordRequest { seconds, max_bytes });
+        // The call lasts the recording: no per-call deadline.
+        r.metadata_mut().remove("grpc-timeout");
+        let mut c = AdminServiceClient::new(self.channel.clone());
+        c.record(r).await.map(|r| r.into_inner())
+    }
+
     /// PickCpus: every request of `requests` on one stream, answered in
     /// order (`seq` from 0), each as PickCpu would answer it. The stream
     /// has no deadline (it lasts as long as `requests`); the server ends

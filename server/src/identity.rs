@@ -9,7 +9,7 @@
 //! |---|---|
 //! | `node/NAME` | AgentService/Report, for node NAME only |
 //! | `orchestrator/NAME` | PickCpu and PickCpus (claims counted for NAME), AllocateCpus, ReleaseCpus, RenewLease, CanMigrate, Decide, Balance without apply, ListNodes, GetNode, GetFeatures, GetCache, Ping, WatchMembers |
-//! | `admin/NAME` | everything, SetFeatures and Balance with apply included |
+//! | `admin/NAME` | everything, SetFeatures, Record and Balance with apply included |
 //!
 //! Health and reflection are open to every identified caller. A certificate
 //! with no SPIFFE ID, more than one, another trust domain, an unknown role or
@@ -140,6 +140,10 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         path: "/fairplace.v1.AdminService/SetFeatures",
+        roles: ADMIN,
+    },
+    Rule {
+        path: "/fairplace.v1.AdminService/Record",
         roles: ADMIN,
     },
     Rule {

@@ -37,6 +37,7 @@ pub mod identity;
 pub mod metrics;
 pub mod offline;
 pub mod pem;
+pub mod record;
 pub mod replica;
 pub mod serve;
 pub use fairplace_types::quote;

@@ -49,6 +49,11 @@ enum Cmd {
         #[arg(long, default_value_t = fairplace::offline::decide::DEFAULT_MAX_DOCUMENT_BYTES)]
         max_document_bytes: usize,
     },
+    /// Replay a recording: every decision again on the state it read,
+    /// under the recorded features (`replay: A/N answers reproduced`), then
+    /// under each --switch setting, with what changed and what the nodes'
+    /// next reports say of it.
+    Replay(ReplayArgs),
     /// Write a development PKI (a CA, a server certificate and client
     /// certificates with SPIFFE IDs) as PEM files, for the compose demo and
     /// trying mutual TLS; production certificates come from cert-manager or
@@ -257,8 +262,44 @@ struct ServeArgs {
     /// llc_imb_pct: utilisation hysteresis between two LLCs.
     #[arg(long, default_value_t = 20)]
     cache_imb_pct: u32,
+    /// Record what this server sees (registrations, every published node
+    /// state) and decides (PickCpu, PickCpus, CanMigrate, AllocateCpus,
+    /// Balance, with the features in force) into segment files in DIR,
+    /// for `fairplace-server replay DIR`.
+    #[arg(long, value_name = "DIR")]
+    record: Option<std::path::PathBuf>,
+    /// The recording's budget: its oldest segments are deleted once DIR
+    /// holds more (bytes).
+    #[arg(long, default_value_t = 1 << 30, value_parser = clap::value_parser!(u64).range(1 << 20..), requires = "record")]
+    record_max_bytes: u64,
     #[command(flatten)]
     replicas: ReplicaArgs,
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// A recording's directory (--record, or `fairplace record`).
+    dir: std::path::PathBuf,
+    /// Decide again with this switch set (NAME=on|off; several joined by
+    /// commas are one setting); repeatable, one setting each.
+    #[arg(long = "switch", value_name = "NAME=on|off", value_parser = parse_setting)]
+    switches: Vec<fairplace::record::replay::Setting>,
+    /// Every switch, one at a time, set the other way from the recording.
+    #[arg(long)]
+    each_switch: bool,
+    /// Print the report as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Write a chart of each setting's table here (SVG).
+    #[arg(long, value_name = "FILE.svg")]
+    chart: Option<std::path::PathBuf>,
+    /// Answers not reproduced to print whole (all are counted).
+    #[arg(long, default_value_t = 10)]
+    show: usize,
+}
+
+fn parse_setting(s: &str) -> Result<fairplace::record::replay::Setting, String> {
+    fairplace::record::replay::Setting::parse(s)
 }
 
 /// Several replicas sharing the nodes through etcd.
@@ -307,6 +348,41 @@ struct ReplicaArgs {
     peer_ca: Option<std::path::PathBuf>,
 }
 
+/// `replay`: the report on standard output; exit 1 when an answer was not
+/// reproduced (a bug to report), 2 when nothing could be read.
+fn replay(a: ReplayArgs) -> ExitCode {
+    use fairplace::record::replay::{self, out};
+    let opts = replay::Options {
+        dir: a.dir,
+        settings: a.switches,
+        each_switch: a.each_switch,
+        show: a.show,
+    };
+    let report = match replay::run(opts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fairplace-server replay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if a.json {
+        println!("{}", out::json(&report));
+    } else {
+        print!("{}", out::text(&report, a.show));
+    }
+    if let Some(path) = &a.chart
+        && let Err(e) = std::fs::write(path, out::svg(&report))
+    {
+        eprintln!("fairplace-server replay: --chart {}: {e}", path.display());
+        return ExitCode::from(2);
+    }
+    if report.reproduced < report.decisions {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
@@ -321,6 +397,7 @@ fn main() -> ExitCode {
                 max_document_bytes,
             },
         ),
+        Cmd::Replay(a) => replay(a),
         Cmd::Pki(a) => match pki(&a) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -444,6 +521,10 @@ async fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send 
         health_listener: None,
         ready: Default::default(),
         replica: None,
+        record: a.record.clone().map(|dir| fairplace::serve::RecordConfig {
+            dir,
+            max_bytes: a.record_max_bytes,
+        }),
         leases: match a.lease_store.as_str() {
             "memory" => LeaseStorage::Memory,
             _ => LeaseStorage::Dir(

@@ -25,6 +25,9 @@ pub const REPORT_APPLY_DURATION: &str = "fairplace_report_apply_duration_seconds
 pub const CLAIMS_OUTSTANDING: &str = "fairplace_claims_outstanding";
 pub const CLAIMS_EXPIRED: &str = "fairplace_claims_expired_total";
 pub const CLAIM_RETRIES: &str = "fairplace_claim_retries_total";
+pub const RECORD_ENTRIES: &str = "fairplace_record_entries_total";
+pub const RECORD_DROPPED: &str = "fairplace_record_dropped_total";
+pub const RECORD_BYTES: &str = "fairplace_record_bytes_total";
 pub const NODE_IDLE_CPUS: &str = "fairplace_node_idle_cpus";
 pub const NODE_NR_RUNNING: &str = "fairplace_node_nr_running";
 pub const NODE_SCHED_IDLE_CPUS: &str = "fairplace_node_sched_idle_cpus";
@@ -75,7 +78,7 @@ pub const REPLICA_ETCD_SECONDS: &str = "fairplace_replica_etcd_seconds";
 
 /// Every metric with its type and help text, for the README table and the
 /// test that /metrics shows them all.
-pub const ALL: [(&str, &str, &str); 63] = [
+pub const ALL: [(&str, &str, &str); 66] = [
     (
         DECISIONS,
         "counter",
@@ -155,6 +158,21 @@ pub const ALL: [(&str, &str, &str); 63] = [
         CLAIM_RETRIES,
         "counter",
         "Claimed placements decided again because the node changed under them.",
+    ),
+    (
+        RECORD_ENTRIES,
+        "counter",
+        "Entries written to recordings (--record, AdminService.Record), by kind (state, decision, keyframe).",
+    ),
+    (
+        RECORD_DROPPED,
+        "counter",
+        "Events a recording lost because its writer fell behind (the decisions on a lost state do not replay).",
+    ),
+    (
+        RECORD_BYTES,
+        "counter",
+        "Bytes written to recordings, after compression, by sink (file, stream).",
     ),
     (
         NODE_IDLE_CPUS,
@@ -544,6 +562,7 @@ pub fn install_recorder() -> Result<PrometheusHandle, RecorderError> {
         CPU_UPDATES,
         CLAIMS_EXPIRED,
         CLAIM_RETRIES,
+        RECORD_DROPPED,
         TASKS_REPORTED,
         CACHE_PREF_CHANGES,
         TLS_HANDSHAKE_FAILURES,

@@ -65,6 +65,17 @@ pub struct ServeConfig {
     /// `--etcd-endpoints`: this server is one replica of several, its
     /// leases in etcd (then `leases` is not used).
     pub replica: Option<crate::replica::ReplicaConfig>,
+    /// `--record DIR`: everything seen and decided is recorded there
+    /// (docs/replay.md).
+    pub record: Option<RecordConfig>,
+}
+
+/// A recording kept from start to exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordConfig {
+    pub dir: std::path::PathBuf,
+    /// The directory's budget: the oldest segments go beyond it.
+    pub max_bytes: u64,
 }
 
 /// Where a server keeps its leases.
@@ -100,6 +111,7 @@ impl Default for ServeConfig {
             max_pending_registrations: agent::DEFAULT_MAX_PENDING_REGISTRATIONS,
             ready: exposition::Readiness::default(),
             replica: None,
+            record: None,
         }
     }
 }
@@ -187,10 +199,18 @@ pub async fn serve_replicated(
     // Flips to true when shutdown begins: Report streams end on it.
     let (stopping_tx, stopping) = watch::channel(false);
     let hub = Arc::new(lease_hub::LeaseHub::default());
+    let recorder = crate::record::Hub::new(&store);
+    if let Some(rc) = &cfg.record {
+        recorder
+            .record_to(rc.dir.clone(), rc.max_bytes)
+            .map_err(|e| format!("--record {}: {e}", rc.dir.display()))?;
+        tracing::info!(dir = %rc.dir.display(), max_bytes = rc.max_bytes, "recording what is seen and decided");
+    }
     let placement = placement::Placement {
         store: Arc::clone(&store),
         heavy: heavy.clone(),
         hub: Arc::clone(&hub),
+        recorder: Arc::clone(&recorder),
         replicated: replicated.clone(),
         stopping: stopping.clone(),
     };
@@ -216,6 +236,7 @@ pub async fn serve_replicated(
             token: cfg.admin_token.clone(),
         }),
         replicated: replicated.clone(),
+        recorder,
     })
     .max_decoding_message_size(max);
 

@@ -45,11 +45,13 @@ fn spec(llcs: u32, cores: u32, smt: u32) -> TopologySpec {
 }
 
 fn placement() -> Placement {
+    let store = Arc::new(Store::new(StoreConfig {
+        stale_after: Duration::from_secs(3600),
+        ..StoreConfig::default()
+    }));
     Placement {
-        store: Arc::new(Store::new(StoreConfig {
-            stale_after: Duration::from_secs(3600),
-            ..StoreConfig::default()
-        })),
+        recorder: fairplace::record::Hub::new(&store),
+        store,
         heavy: CpuPool::new(1, 4),
         hub: Arc::new(LeaseHub::default()),
         replicated: None,

@@ -69,6 +69,7 @@ fn open_with(dir: &Dir, config: StoreConfig) -> Placement {
     ));
     store.leases.load_leases(Instant::now()).unwrap();
     Placement {
+        recorder: fairplace::record::Hub::new(&store),
         store,
         heavy: CpuPool::new(1, 4),
         hub: Arc::new(LeaseHub::default()),

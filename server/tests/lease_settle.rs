@@ -141,6 +141,7 @@ fn rig(n: u32) -> (Placement, Arc<Scripted>) {
     };
     store.nodes.apply(&node, g, &u, Instant::now()).unwrap();
     let p = Placement {
+        recorder: fairplace::record::Hub::new(&store),
         store,
         heavy: CpuPool::new(1, 4),
         hub: Arc::new(LeaseHub::default()),

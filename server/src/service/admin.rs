@@ -25,8 +25,8 @@ pub trait Authorize: Send + Sync + 'static {
     fn authorize(&self, method: &str, metadata: &MetadataMap) -> Result<(), Status>;
 }
 
-/// Reads are open; SetFeatures needs `authorization: Bearer <token>` when a
-/// token is configured.
+/// Reads are open; SetFeatures and Record need `authorization: Bearer
+/// <token>` when a token is configured.
 pub struct TokenAuth {
     pub token: Option<String>,
 }
@@ -36,7 +36,7 @@ impl Authorize for TokenAuth {
         let Some(token) = &self.token else {
             return Ok(());
         };
-        if method != "SetFeatures" {
+        if method != "SetFeatures" && method != "Record" {
             return Ok(());
         }
         let Some(v) = metadata.get("authorization").map(|v| v.as_bytes()) else {
@@ -79,6 +79,8 @@ pub struct Admin {
     /// With `--etcd-endpoints`: node calls go to the node's owner, and
     /// ListNodes merges every replica's nodes.
     pub replicated: Option<Replicated>,
+    /// Records for AdminService.Record.
+    pub recorder: Arc<crate::record::Hub>,
 }
 
 impl Admin {
@@ -392,6 +394,26 @@ impl AdminService for Admin {
     }
 
     type WatchMembersStream = ReceiverStream<Result<pb::ReplicaSet, Status>>;
+    type RecordStream = ReceiverStream<Result<pb::RecordChunk, Status>>;
+
+    /// Records what this server sees and decides for `seconds`, streamed
+    /// as one segment (the nodes this replica holds, when it is one of
+    /// several).
+    async fn record(
+        &self,
+        req: Request<pb::RecordRequest>,
+    ) -> Result<Response<Self::RecordStream>, Status> {
+        self.auth.authorize("Record", req.metadata())?;
+        let r = req.into_inner();
+        if !(1..=MAX_RECORD_SECONDS).contains(&r.seconds) {
+            return Err(Status::invalid_argument(format!(
+                "seconds: {} is out of range 1..{MAX_RECORD_SECONDS}",
+                r.seconds
+            )));
+        }
+        let rx = self.recorder.stream(r.seconds, r.max_bytes);
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
 
     /// The member set now, then at each change (read every
     /// [`MEMBERS_EVERY`] from the replica's view, which follows etcd),
@@ -428,6 +450,9 @@ impl AdminService for Admin {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
+
+/// The longest recording one Record call takes (an hour).
+pub const MAX_RECORD_SECONDS: u32 = 3600;
 
 /// How often a WatchMembers stream looks at the member set: a member that
 /// joins or leaves reaches routing clients within this of the replica

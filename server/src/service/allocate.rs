@@ -52,6 +52,7 @@ pub struct Leasing<'a> {
     pub store: &'a Arc<Store>,
     pub hub: &'a Arc<LeaseHub>,
     pub heavy: &'a CpuPool,
+    pub recorder: &'a Arc<crate::record::Hub>,
 }
 
 /// A lease's lifetime when the request gives none.
@@ -475,8 +476,9 @@ async fn end_when_settled(
 }
 
 /// What [`decide`] grants: the policy's answer, the lease, the snapshot
-/// version it was decided on, and its commit.
-type Decided = (Grant, Lease, u64, Commit);
+/// version it was decided on and the CPUs other leases held then, and its
+/// commit.
+type Decided = (Grant, Lease, (u64, CpuMask), Commit);
 
 /// Decides the lease under the node's writer and submits its grant.
 fn decide(
@@ -509,7 +511,7 @@ fn decide(
                 target: c.target.clone(),
                 request_id: c.request_id.clone(),
             };
-            Ok::<_, NotDecided>(((grant, snap.version), new))
+            Ok::<_, NotDecided>(((grant, (snap.version, *leased)), new))
         })?;
     Ok((grant, lease, version, commit))
 }
@@ -562,7 +564,7 @@ async fn allocate_inner(
             .await
             .map_err(|s| ("busy", s))?
     };
-    let (grant, lease, version, commit) = match decided {
+    let (grant, lease, (version, leased), commit) = match decided {
         Ok(d) => d,
         Err(NotDecided::NoRoom(e)) => {
             return Err((e.reason, Status::resource_exhausted(e.message)));
@@ -579,6 +581,8 @@ async fn allocate_inner(
             });
         }
     };
+    p.recorder
+        .allocated(&node.id, version, &r, grant.mask(), leased, grant.scanned);
     let sink: Arc<dyn AgentSink> = Arc::clone(p.hub) as Arc<dyn AgentSink>;
     let guard = Unanswered {
         store: Arc::clone(p.store),

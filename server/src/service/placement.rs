@@ -38,6 +38,8 @@ pub struct Placement {
     pub heavy: CpuPool,
     /// Carries leases to the agents that apply them.
     pub hub: Arc<super::lease_hub::LeaseHub>,
+    /// Told of every decision, for a recording when one runs.
+    pub recorder: Arc<crate::record::Hub>,
     /// With `--etcd-endpoints`: the replica set, and calls for other
     /// replicas' nodes go to them.
     pub replicated: Option<Replicated>,
@@ -82,7 +84,7 @@ impl Placement {
             })));
         }
         let node = super::lookup::registered_node(&self.store, &r.node_id)?;
-        let answer = self.pick_on(&node, r)?;
+        let answer = self.pick_on(&node, r, false)?;
         if r.claim {
             count_claims(caller, 1);
         }
@@ -125,6 +127,7 @@ impl Placement {
             store: &self.store,
             hub: &self.hub,
             heavy: &self.heavy,
+            recorder: &self.recorder,
         }
     }
 
@@ -132,7 +135,13 @@ impl Placement {
     /// again until the claim commits on the snapshot it was decided on. The
     /// answer names no node: its caller does (a named node's is the
     /// request's own string, moved or borrowed, not copied).
-    fn pick_on(&self, node: &Node, r: &pb::PickCpuRequest) -> Result<PickAnswer, Status> {
+    /// `cluster`: the request came down the cluster path (a recording says so).
+    fn pick_on(
+        &self,
+        node: &Node,
+        r: &pb::PickCpuRequest,
+        cluster: bool,
+    ) -> Result<PickAnswer, Status> {
         let mut attempt = 0;
         let mut task = crate::engine::state::Task::new(1, 0);
         loop {
@@ -161,10 +170,14 @@ impl Placement {
                 record_decision(node, &preq, &p, took, age);
                 let mut resp = convert::pick_response(&p, &node.snapshot(), age);
                 resp.state_version = version;
+                self.recorder.picked(&node.id, version, r, &resp, cluster);
                 return Ok(resp);
             }
             record_decision(node, &preq, &p, took, age);
-            return Ok(convert::pick_response(&p, &snap, age));
+            let resp = convert::pick_response(&p, &snap, age);
+            self.recorder
+                .picked(&node.id, snap.version, r, &resp, cluster);
+            return Ok(resp);
         }
     }
 
@@ -198,7 +211,9 @@ impl Placement {
         {
             let s = prev.snapshot();
             if self.store.nodes.is_fresh(&s, now) && s.topo.online.intersects(&allowed) {
-                let mut resp = self.pick_on(&prev, &r)?.into_response(prev.id.clone());
+                let mut resp = self
+                    .pick_on(&prev, &r, true)?
+                    .into_response(prev.id.clone());
                 resp.cluster_level = "prev_node".into();
                 return Ok(resp);
             }
@@ -254,7 +269,9 @@ impl Placement {
             r.this_cpu = allowed.first_and(&snap.topo.online).unwrap_or(0) as u32;
         }
         r.kind = pb::RequestKind::Fork as i32;
-        let mut resp = self.pick_on(&node, &r)?.into_response(node.id.clone());
+        let mut resp = self
+            .pick_on(&node, &r, true)?
+            .into_response(node.id.clone());
         resp.cluster_level = choice.level;
         resp.groups_compared = choice.compared;
         Ok(resp)
@@ -403,7 +420,9 @@ impl PlacementService for Placement {
         let verdict = if d.allowed { "allowed" } else { "refused" };
         metrics::counter!(m::MIGRATE_CHECKS, "verdict" => verdict, "reason" => d.reason.as_str())
             .increment(1);
-        Ok(Response::new(convert::migrate_response(&d, &snap)))
+        let answer = convert::migrate_response(&d, &snap);
+        self.recorder.migrated(&node.id, snap.version, &r, &answer);
+        Ok(Response::new(answer))
     }
 
     async fn balance(
@@ -434,6 +453,7 @@ impl PlacementService for Placement {
         }
         let node = super::lookup::registered_node(&self.store, &r.node_id)?;
         let (snap, _) = super::lookup::fresh_snapshot(&self.store, &node, Instant::now())?;
+        let version = snap.version;
         let dst_cpus = convert::balance_cpus(&r.cpus, &snap.topo).map_err(convert::invalid)?;
         let breq = BalanceRequest {
             dst_cpus,
@@ -464,7 +484,9 @@ impl PlacementService for Placement {
         if r.apply {
             count_claims(&caller, out.proposals.len());
         }
-        Ok(Response::new(convert::balance_response(&out, &node.id)))
+        let answer = convert::balance_response(&out, &node.id);
+        self.recorder.balanced(&node.id, version, &r, &answer);
+        Ok(Response::new(answer))
     }
 
     async fn decide(

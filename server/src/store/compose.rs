@@ -25,6 +25,8 @@ pub struct Store {
     pub cluster: Cluster,
     pub passes: Passes,
     pub switches: Arc<Switches>,
+    /// Where a recorder is told of every published snapshot.
+    pub tap: Arc<super::tap::TapSlot>,
 }
 
 impl Store {
@@ -37,7 +39,12 @@ impl Store {
     /// [`Leases::load_leases`] before serving).
     pub fn with_log(config: StoreConfig, log: Arc<dyn LeaseLog>) -> Self {
         let hierarchy = Arc::new(Hierarchy::new(config.cluster.clone()));
-        let table = Arc::new(Table::new(&config, Arc::clone(&hierarchy)));
+        let tap = Arc::new(super::tap::TapSlot::default());
+        let table = Arc::new(Table::new(
+            &config,
+            Arc::clone(&hierarchy),
+            Arc::clone(&tap),
+        ));
         let switches = Arc::new(Switches::default());
         let leases = Arc::new(Leases::new(
             Arc::clone(&table),
@@ -65,6 +72,7 @@ impl Store {
             cluster,
             passes,
             switches,
+            tap,
         }
     }
 

@@ -46,6 +46,7 @@ pub mod leases;
 pub mod nodes;
 pub mod passes;
 pub mod report;
+pub mod tap;
 
 pub use compose::Store;
 pub use features::check_features;
@@ -299,10 +300,12 @@ pub struct Table {
     epoch: Instant,
     stale_after: Duration,
     node_reclaim_distance: u32,
+    /// Told of every snapshot published (a recorder, when one runs).
+    tap: Arc<tap::TapSlot>,
 }
 
 impl Table {
-    fn new(config: &StoreConfig, hierarchy: Arc<Hierarchy>) -> Self {
+    fn new(config: &StoreConfig, hierarchy: Arc<Hierarchy>, tap: Arc<tap::TapSlot>) -> Self {
         Self {
             nodes: DashMap::default(),
             topo_cache: Mutex::new(HashMap::new()),
@@ -312,6 +315,7 @@ impl Table {
             epoch: Instant::now(),
             stale_after: config.stale_after,
             node_reclaim_distance: config.system.node_reclaim_distance,
+            tap,
         }
     }
 
@@ -496,7 +500,11 @@ impl Table {
         };
         let fresh = self.is_fresh(&snap, Instant::now());
         self.recount(node, w, fresh.then_some(agg));
-        node.snap.store(Arc::new(snap));
+        let snap = Arc::new(snap);
+        // Before the store: a reader's decision on this version reaches the
+        // tap after the version itself.
+        self.tap.published(node, &snap, reported_at.is_some());
+        node.snap.store(snap);
         version
     }
 }

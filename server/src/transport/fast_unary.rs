@@ -473,8 +473,10 @@ mod tests {
 
     fn placement() -> Placement {
         let (_, stopping) = tokio::sync::watch::channel(false);
+        let store = Arc::new(Store::new(StoreConfig::default()));
         Placement {
-            store: Arc::new(Store::new(StoreConfig::default())),
+            recorder: crate::record::Hub::new(&store),
+            store,
             heavy: CpuPool::new(1, 1),
             hub: Arc::new(LeaseHub::default()),
             replicated: None,

@@ -1,0 +1,480 @@
+//! The recording's writer thread: events in, entries out, blocks to every
+//! sink.
+//!
+//! It keeps each node's last recorded snapshot, so a state is written as
+//! the CPUs that changed since it, and so any sink can start with a
+//! keyframe: the start entry, then every node's topology and full state.
+//! Keyframes are made only between blocks (nothing pending), so a diff
+//! never follows a keyframe newer than its base. Every segment file and
+//! every admin stream begins with one: each replays without the others.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fairplace_proto::v1 as pb;
+use fairplace_proto::v1::record_entry::Entry;
+
+use super::segment::{self, BLOCK_TARGET, SUFFIX};
+use super::{Decided, Decision, Event, Hub, Recorder};
+use crate::convert;
+use crate::engine::features::{FEATURE_NAMES, Features, System};
+use crate::engine::topology::TopologySpec;
+use crate::metrics as m;
+use crate::store::Snapshot;
+
+/// Blocks an admin stream holds for a slow reader before it is ended.
+pub const STREAM_QUEUE: usize = 64;
+/// A block is written at least this often, however little it holds.
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// A node's last recorded state.
+struct Last {
+    incarnation: usize,
+    spec: Arc<TopologySpec>,
+    snap: Arc<Snapshot>,
+}
+
+/// Where blocks go.
+pub(crate) enum Sink {
+    File(FileSink),
+    Stream(StreamSink),
+}
+
+/// Segment files in a directory, rotated by size.
+pub(crate) struct FileSink {
+    dir: PathBuf,
+    max_total: u64,
+    seg_max: u64,
+    next_index: u64,
+    cur: Option<(File, u64)>,
+    /// Every segment of the directory, oldest first, with its size.
+    segs: VecDeque<(PathBuf, u64)>,
+}
+
+impl FileSink {
+    /// Opens `dir` (made if missing); segments continue the numbering of
+    /// those already there, which count towards `max_total`.
+    pub fn open(dir: PathBuf, max_total: u64) -> std::io::Result<FileSink> {
+        std::fs::create_dir_all(&dir)?;
+        let mut segs = VecDeque::new();
+        let mut next_index = 1;
+        for p in segment::segments(&dir)? {
+            let stem = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if let Ok(i) = stem.trim_end_matches(SUFFIX).parse::<u64>() {
+                next_index = next_index.max(i + 1);
+            }
+            let len = std::fs::metadata(&p).map_or(0, |m| m.len());
+            segs.push_back((p, len));
+        }
+        Ok(FileSink {
+            dir,
+            max_total,
+            // Four segments to the budget, so deleting the oldest frees a
+            // quarter; never below one block's worth.
+            seg_max: (max_total / 4).max(2 * BLOCK_TARGET as u64),
+            next_index,
+            cur: None,
+            segs,
+        })
+    }
+
+    /// Starts the next segment with `keyframe` (a block); deletes the
+    /// oldest while the directory holds over the budget.
+    fn rotate(&mut self, keyframe: &[u8]) -> std::io::Result<()> {
+        let path = self.dir.join(format!("{:08}{SUFFIX}", self.next_index));
+        self.next_index += 1;
+        let mut f = File::create(&path)?;
+        let head = segment::header();
+        f.write_all(&head)?;
+        f.write_all(keyframe)?;
+        let len = (head.len() + keyframe.len()) as u64;
+        self.cur = Some((f, len));
+        self.segs.push_back((path, len));
+        self.trim();
+        Ok(())
+    }
+
+    fn trim(&mut self) {
+        let mut total: u64 = self.segs.iter().map(|(_, l)| l).sum();
+        while total > self.max_total && self.segs.len() > 1 {
+            let Some((p, l)) = self.segs.pop_front() else {
+                break;
+            };
+            if let Err(e) = std::fs::remove_file(&p) {
+                tracing::warn!(segment = %p.display(), error = %e, "an old recording segment was not deleted");
+            }
+            total -= l;
+        }
+    }
+
+    fn write(&mut self, block: &[u8]) -> std::io::Result<()> {
+        let Some((f, len)) = self.cur.as_mut() else {
+            return Ok(());
+        };
+        f.write_all(block)?;
+        *len += block.len() as u64;
+        if let Some(last) = self.segs.back_mut() {
+            last.1 = *len;
+        }
+        metrics::counter!(m::RECORD_BYTES, "sink" => "file").increment(block.len() as u64);
+        Ok(())
+    }
+
+    fn full(&self) -> bool {
+        self.cur
+            .as_ref()
+            .is_none_or(|(_, len)| *len >= self.seg_max)
+    }
+}
+
+/// One admin call's stream: a single segment, for a while.
+pub(crate) struct StreamSink {
+    tx: tokio::sync::mpsc::Sender<Result<pb::RecordChunk, tonic::Status>>,
+    until: Instant,
+    left: u64,
+    started: bool,
+}
+
+impl StreamSink {
+    pub fn new(
+        tx: tokio::sync::mpsc::Sender<Result<pb::RecordChunk, tonic::Status>>,
+        until: Instant,
+        max_bytes: u64,
+    ) -> StreamSink {
+        StreamSink {
+            tx,
+            until,
+            left: if max_bytes == 0 { 1 << 30 } else { max_bytes },
+            started: false,
+        }
+    }
+
+    /// Sends `data`; false when the stream is over (its time, its bytes,
+    /// its reader gone or too slow).
+    fn send(&mut self, data: Vec<u8>) -> bool {
+        let n = data.len() as u64;
+        match self.tx.try_send(Ok(pb::RecordChunk { data })) {
+            Ok(()) => {
+                metrics::counter!(m::RECORD_BYTES, "sink" => "stream").increment(n);
+                self.left = self.left.saturating_sub(n);
+                self.left > 0
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                // Its last message says why it ends (room is not needed:
+                // the reader is behind, so it finds this one when it
+                // catches up, or never).
+                let tx = self.tx.clone();
+                std::thread::spawn(move || {
+                    let _ = tx.blocking_send(Err(tonic::Status::resource_exhausted(
+                        "the recording was read too slowly and ended early; what came before is whole",
+                    )));
+                });
+                false
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
+/// The writer's state.
+struct Writer {
+    hub: Arc<Hub>,
+    rec: Arc<Recorder>,
+    nodes: HashMap<String, Last>,
+    raw: Vec<u8>,
+    sinks: Vec<Sink>,
+    last_flush: Instant,
+}
+
+/// The writer thread: until its last sink ends.
+pub(crate) fn run(hub: Arc<Hub>, rec: Arc<Recorder>, rx: Receiver<Event>, first: Sink) {
+    let mut w = Writer {
+        hub,
+        rec,
+        nodes: HashMap::new(),
+        raw: Vec::with_capacity(BLOCK_TARGET * 2),
+        sinks: Vec::new(),
+        last_flush: Instant::now(),
+    };
+    w.attach(first);
+    loop {
+        match rx.recv_timeout(FLUSH_EVERY / 4) {
+            Ok(e) => w.event(e),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if w.raw.len() >= BLOCK_TARGET || w.last_flush.elapsed() >= FLUSH_EVERY {
+            w.flush();
+        }
+        if w.sinks.is_empty() && w.end(&rx) {
+            return;
+        }
+    }
+    w.flush();
+}
+
+impl Writer {
+    fn event(&mut self, e: Event) {
+        match e {
+            Event::State {
+                node,
+                incarnation,
+                spec,
+                snap,
+                report,
+            } => self.state(node, incarnation, spec, snap, report),
+            Event::Decision(d) => {
+                let entry = decision_entry(*d);
+                segment::push_entry(&mut self.raw, &entry);
+                metrics::counter!(m::RECORD_ENTRIES, "kind" => "decision").increment(1);
+            }
+            Event::Attach(s) => self.attach(s),
+        }
+    }
+
+    /// A node's new state: against its last recorded one, or whole when
+    /// the node is new, registered anew or went back in version.
+    fn state(
+        &mut self,
+        node: String,
+        incarnation: usize,
+        spec: Arc<TopologySpec>,
+        snap: Arc<Snapshot>,
+        report: bool,
+    ) {
+        let same = self.nodes.get(&node).is_some_and(|l| {
+            l.incarnation == incarnation
+                && Arc::ptr_eq(&l.spec, &spec)
+                && l.snap.version < snap.version
+        });
+        if same {
+            let last = &self.nodes[&node];
+            let e = state_entry(&node, &snap, Some(&last.snap), report);
+            segment::push_entry(&mut self.raw, &e);
+        } else {
+            segment::push_entry(&mut self.raw, &node_entry(&node, &spec));
+            segment::push_entry(&mut self.raw, &state_entry(&node, &snap, None, report));
+        }
+        metrics::counter!(m::RECORD_ENTRIES, "kind" => "state").increment(1);
+        self.nodes.insert(
+            node,
+            Last {
+                incarnation,
+                spec,
+                snap,
+            },
+        );
+    }
+
+    /// The start entry and every node whole: what a sink begins with.
+    fn keyframe(&self) -> Vec<u8> {
+        let mut raw = Vec::new();
+        let start = pb::RecordStart {
+            format: segment::FORMAT,
+            server_version: env!("CARGO_PKG_VERSION").to_string(),
+            unix_ms: unix_ms(),
+            system: Some(system_to_pb(&self.hub.system)),
+            features: Some(features_to_pb(&self.hub.switches.global())),
+            dropped: self.rec.dropped.load(Ordering::Relaxed),
+        };
+        segment::push_entry(&mut raw, &entry(Entry::Start(start)));
+        let mut ids: Vec<&String> = self.nodes.keys().collect();
+        ids.sort();
+        for id in ids {
+            let l = &self.nodes[id];
+            segment::push_entry(&mut raw, &node_entry(id, &l.spec));
+            segment::push_entry(&mut raw, &state_entry(id, &l.snap, None, false));
+        }
+        metrics::counter!(m::RECORD_ENTRIES, "kind" => "keyframe").increment(1);
+        segment::block(&raw)
+    }
+
+    /// A new sink starts at a keyframe, after what the others have pending.
+    fn attach(&mut self, sink: Sink) {
+        self.flush();
+        self.sinks.push(sink);
+        self.start_sinks();
+    }
+
+    /// Gives every sink that needs one a keyframe (a new stream, a file
+    /// sink whose segment is full); drops those that failed or ended.
+    fn start_sinks(&mut self) {
+        let mut keyframe: Option<Vec<u8>> = None;
+        let mut kept = Vec::with_capacity(self.sinks.len());
+        for mut s in std::mem::take(&mut self.sinks) {
+            let alive = match &mut s {
+                Sink::File(f) if f.full() => {
+                    let k = keyframe.get_or_insert_with(|| self.keyframe());
+                    f.rotate(k).map_err(|e| file_failed(&f.dir, e)).is_ok()
+                }
+                Sink::Stream(st) if !st.started => {
+                    st.started = true;
+                    let k = keyframe.get_or_insert_with(|| self.keyframe());
+                    let mut first = segment::header().to_vec();
+                    first.extend_from_slice(k);
+                    st.send(first)
+                }
+                _ => true,
+            };
+            if alive {
+                kept.push(s);
+            }
+        }
+        self.sinks = kept;
+    }
+
+    /// Writes the pending entries as one block to every sink.
+    fn flush(&mut self) {
+        self.last_flush = Instant::now();
+        let now = Instant::now();
+        if !self.raw.is_empty() {
+            let block = segment::block(&self.raw);
+            self.raw.clear();
+            self.sinks.retain_mut(|s| match s {
+                Sink::File(f) => f.write(&block).map_err(|e| file_failed(&f.dir, e)).is_ok(),
+                Sink::Stream(st) => st.send(block.clone()),
+            });
+        }
+        self.sinks
+            .retain(|s| !matches!(s, Sink::Stream(st) if now >= st.until));
+        self.start_sinks();
+    }
+
+    /// With no sink left: ends the recorder unless a sink is on its way.
+    fn end(&mut self, rx: &Receiver<Event>) -> bool {
+        let hub = Arc::clone(&self.hub);
+        let _one = hub.starting.lock().unwrap_or_else(PoisonError::into_inner);
+        while let Ok(e) = rx.try_recv() {
+            self.event(e);
+        }
+        if !self.sinks.is_empty() {
+            return false;
+        }
+        hub.active.store(None);
+        true
+    }
+}
+
+fn file_failed(dir: &std::path::Path, e: std::io::Error) {
+    tracing::error!(dir = %dir.display(), error = %e, "the recording stopped: its directory cannot be written");
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn entry(e: Entry) -> pb::RecordEntry {
+    pb::RecordEntry { entry: Some(e) }
+}
+
+fn node_entry(id: &str, spec: &TopologySpec) -> pb::RecordEntry {
+    entry(Entry::Node(pb::RecordNode {
+        node_id: id.to_string(),
+        topology: Some(convert::topology_to_pb(spec)),
+    }))
+}
+
+/// `snap` as the CPUs that changed since `prev` (all without one).
+fn state_entry(
+    id: &str,
+    snap: &Snapshot,
+    prev: Option<&Arc<Snapshot>>,
+    report: bool,
+) -> pb::RecordEntry {
+    let st = &snap.state;
+    let (full, cpus, features) = match prev {
+        Some(p) if p.state.cpus.len() == st.cpus.len() => {
+            let cpus = (0..st.cpus.len())
+                .filter(|&i| {
+                    st.cpus[i] != p.state.cpus[i] || st.core_cookie(i) != p.state.core_cookie(i)
+                })
+                .map(|i| convert::cpu_state_to_pb(i, &st.cpus[i], st.core_cookie(i)))
+                .collect();
+            let f = (snap.features != p.features).then(|| features_to_pb(&snap.features));
+            (false, cpus, f)
+        }
+        _ => (
+            true,
+            convert::cpu_states_to_pb(st),
+            Some(features_to_pb(&snap.features)),
+        ),
+    };
+    entry(Entry::State(pb::RecordState {
+        node_id: id.to_string(),
+        version: snap.version,
+        unix_ms: unix_ms(),
+        report,
+        full,
+        cpus,
+        features,
+    }))
+}
+
+fn decision_entry(d: Decision) -> pb::RecordEntry {
+    use pb::record_decision::Request;
+    let mut r = pb::RecordDecision {
+        node_id: d.node,
+        version: d.version,
+        unix_ms: unix_ms(),
+        ..Default::default()
+    };
+    match d.what {
+        Decided::Pick {
+            req,
+            answer,
+            cluster,
+        } => {
+            r.request = Some(Request::Pick(req));
+            r.picked = Some(answer.into_response(String::new()));
+            r.cluster = cluster;
+        }
+        Decided::Migrate { req, answer } => {
+            r.request = Some(Request::Migrate(req));
+            r.migrated = Some(answer);
+        }
+        Decided::Allocate {
+            req,
+            granted,
+            leased,
+            scanned,
+        } => {
+            r.request = Some(Request::Allocate(req));
+            r.granted = granted.to_string();
+            r.leased = leased.to_string();
+            r.alloc_scanned = scanned;
+        }
+        Decided::Balance { req, answer } => {
+            r.request = Some(Request::Balance(req));
+            r.balanced = Some(answer);
+        }
+    }
+    entry(Entry::Decision(r))
+}
+
+pub fn features_to_pb(f: &Features) -> pb::RecordFeatures {
+    pb::RecordFeatures {
+        on: FEATURE_NAMES
+            .iter()
+            .filter(|n| f.get(n) == Some(true))
+            .map(|n| n.to_string())
+            .collect(),
+        kernel: f.kernel.as_str().to_string(),
+    }
+}
+
+fn system_to_pb(s: &System) -> pb::RecordSystem {
+    pb::RecordSystem {
+        uclamp_used: s.uclamp_used,
+        core_sched: s.core_sched,
+        migration_cost_ns: s.migration_cost_ns,
+        node_reclaim_distance: s.node_reclaim_distance,
+    }
+}
