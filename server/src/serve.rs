@@ -200,6 +200,7 @@ pub async fn serve_replicated(
     let (stopping_tx, stopping) = watch::channel(false);
     let hub = Arc::new(lease_hub::LeaseHub::default());
     let recorder = crate::record::Hub::new(&store);
+    let recorder_at_exit = Arc::clone(&recorder);
     if let Some(rc) = &cfg.record {
         recorder
             .record_to(rc.dir.clone(), rc.max_bytes)
@@ -331,6 +332,8 @@ pub async fn serve_replicated(
             Ok(())
         }
     };
+    // The recording ends on a whole block.
+    let _ = tokio::task::spawn_blocking(move || recorder_at_exit.finish()).await;
     sweeper.abort();
     lease_expiry.abort();
     for l in replica_loops {

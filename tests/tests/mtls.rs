@@ -311,7 +311,7 @@ fn every_rpc_for_every_role() {
     let pki = TestPki::new();
     let server = mtls_server(&pki, &[]);
     let methods = all_methods();
-    assert_eq!(methods.len(), 23, "{methods:?}");
+    assert_eq!(methods.len(), 24, "{methods:?}");
     let mut table: BTreeMap<(String, &str), Code> = BTreeMap::new();
     rt().block_on(async {
         for role in ["node", "orchestrator", "admin", "replica"] {

@@ -58,6 +58,8 @@ pub(crate) enum Event {
     Decision(Box<Decision>),
     /// Another sink joins the running recorder.
     Attach(Sink),
+    /// The server stops: write what is pending and end.
+    Finish,
 }
 
 /// One placement request as decided.
@@ -104,6 +106,8 @@ pub struct Hub {
     active: ArcSwapOption<Recorder>,
     /// Starting a writer, attaching to it and its ending are one at a time.
     starting: Mutex<()>,
+    /// The writer thread, joined at [`Hub::finish`].
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     system: System,
     switches: Arc<Switches>,
 }
@@ -114,6 +118,7 @@ impl Hub {
         let hub = Arc::new(Hub {
             active: ArcSwapOption::empty(),
             starting: Mutex::new(()),
+            writer: Mutex::new(None),
             system: store.config.system,
             switches: Arc::clone(&store.switches),
         });
@@ -164,9 +169,38 @@ impl Hub {
         let spawned = std::thread::Builder::new()
             .name("fairplace-record".into())
             .spawn(move || writer::run(hub, rec, rx, sink));
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "the recording's writer thread did not start");
-            self.active.store(None);
+        match spawned {
+            Ok(h) => {
+                // A writer that ended before is done: its handle goes.
+                *self.writer.lock().unwrap_or_else(PoisonError::into_inner) = Some(h);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the recording's writer thread did not start");
+                self.active.store(None);
+            }
+        }
+    }
+
+    /// Writes what is pending and stops recording (at the server's exit:
+    /// a segment then ends on a whole block). Blocks until the writer is
+    /// done.
+    pub fn finish(&self) {
+        let (r, handle) = {
+            let _one = self.starting.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(r) = self.active.swap(None) else {
+                return;
+            };
+            let h = self
+                .writer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            (r, h)
+        };
+        // Sent without `starting`: a writer ending on its own takes it.
+        let _ = r.tx.send(Event::Finish);
+        if let Some(h) = handle {
+            let _ = h.join();
         }
     }
 

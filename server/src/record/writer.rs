@@ -190,6 +190,8 @@ struct Writer {
     raw: Vec<u8>,
     sinks: Vec<Sink>,
     last_flush: Instant,
+    /// The server stops ([`Event::Finish`]).
+    finishing: bool,
 }
 
 /// The writer thread: until its last sink ends.
@@ -201,6 +203,7 @@ pub(crate) fn run(hub: Arc<Hub>, rec: Arc<Recorder>, rx: Receiver<Event>, first:
         raw: Vec::with_capacity(BLOCK_TARGET * 2),
         sinks: Vec::new(),
         last_flush: Instant::now(),
+        finishing: false,
     };
     w.attach(first);
     loop {
@@ -208,6 +211,9 @@ pub(crate) fn run(hub: Arc<Hub>, rec: Arc<Recorder>, rx: Receiver<Event>, first:
             Ok(e) => w.event(e),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if w.finishing {
+            break;
         }
         if w.raw.len() >= BLOCK_TARGET || w.last_flush.elapsed() >= FLUSH_EVERY {
             w.flush();
@@ -235,6 +241,7 @@ impl Writer {
                 metrics::counter!(m::RECORD_ENTRIES, "kind" => "decision").increment(1);
             }
             Event::Attach(s) => self.attach(s),
+            Event::Finish => self.finishing = true,
         }
     }
 
@@ -353,10 +360,20 @@ impl Writer {
         while let Ok(e) = rx.try_recv() {
             self.event(e);
         }
-        if !self.sinks.is_empty() {
+        if !self.sinks.is_empty() && !self.finishing {
             return false;
         }
-        hub.active.store(None);
+        self.flush();
+        // Only this writer's recorder: another may have started since a
+        // finish took this one out.
+        if hub
+            .active
+            .load()
+            .as_ref()
+            .is_some_and(|a| Arc::ptr_eq(a, &self.rec))
+        {
+            hub.active.store(None);
+        }
         true
     }
 }

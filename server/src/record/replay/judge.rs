@@ -61,11 +61,13 @@ impl Outcomes {
     }
 }
 
-/// Decisions of one kind and recorded path, and how many a setting changed.
+/// Decisions of one kind and recorded path, how many a setting sent
+/// elsewhere, and how many it decided by another path.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Changed {
     pub decisions: u64,
     pub changed: u64,
+    pub path_changed: u64,
 }
 
 /// One setting's table.
@@ -74,7 +76,10 @@ pub struct SettingStats {
     /// `NAME=on|off[,NAME=on|off]`.
     pub setting: String,
     pub decisions: u64,
+    /// Sent elsewhere (another CPU, another verdict).
     pub changed: u64,
+    /// Decided by another path (whether or not it lands elsewhere).
+    pub path_changed: u64,
     /// By "kind path" (the recorded path).
     pub by_path: BTreeMap<String, Changed>,
     #[serde(skip)]
@@ -102,13 +107,16 @@ impl SettingStats {
     pub fn count(&mut self, kind: &str, base: &Answer, new: &Answer) {
         self.decisions += 1;
         let moved = base.moved_from(new);
+        let other_path = base.path() != new.path();
         self.changed += moved as u64;
+        self.path_changed += other_path as u64;
         let row = self
             .by_path
             .entry(format!("{kind} {}", base.path()))
             .or_default();
         row.decisions += 1;
         row.changed += moved as u64;
+        row.path_changed += other_path as u64;
         if let (Some(a), Some(b)) = (base.scanned(), new.scanned()) {
             self.scanned_before.push(a);
             self.scanned_after.push(b);
@@ -189,7 +197,7 @@ mod tests {
         s.count("wakeup", &pick(1, "a"), &pick(1, "b"));
         s.count("wakeup", &pick(1, "a"), &pick(2, "a"));
         s.count("fork", &pick(3, "c"), &Answer::Refused("no".into()));
-        assert_eq!((s.decisions, s.changed), (3, 2));
+        assert_eq!((s.decisions, s.changed, s.path_changed), (3, 2, 2));
         assert_eq!(s.by_path["wakeup a"].changed, 1);
         assert_eq!(s.by_path["fork c"].decisions, 1);
     }
