@@ -35,12 +35,18 @@ struct Args {
     /// Keep serving this long after the decisions (s).
     #[arg(long, default_value_t = 20)]
     linger_s: u64,
+    /// Record what the server sees and decides into DIR (for
+    /// `fairplace-server replay DIR`); while it lingers, the demo then
+    /// keeps placing tasks on both nodes, so the recording has decisions
+    /// to replay.
+    #[arg(long, value_name = "DIR")]
+    record: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
 async fn main() {
     let a = Args::parse();
-    if let Err(e) = demo(a.grpc_port, a.metrics_port, a.linger_s).await {
+    if let Err(e) = demo(a.grpc_port, a.metrics_port, a.linger_s, a.record).await {
         eprintln!("fairplace-demo: {e}");
         std::process::exit(1);
     }
@@ -71,7 +77,11 @@ impl Drop for StateDir {
 
 /// Binds the usual ports, or any free one when something else holds them,
 /// and serves on defaults.
-async fn start_server(grpc_port: u16, metrics_port: u16) -> Result<Server, String> {
+async fn start_server(
+    grpc_port: u16,
+    metrics_port: u16,
+    record: Option<std::path::PathBuf>,
+) -> Result<Server, String> {
     let grpc = match tokio::net::TcpListener::bind(("127.0.0.1", grpc_port)).await {
         Ok(l) => l,
         Err(_) => tokio::net::TcpListener::bind(("127.0.0.1", 0))
@@ -89,6 +99,10 @@ async fn start_server(grpc_port: u16, metrics_port: u16) -> Result<Server, Strin
     let _ = std::fs::remove_dir_all(&state.0);
     let cfg = fairplace::serve::ServeConfig {
         leases: fairplace::serve::LeaseStorage::Dir(state.0.clone()),
+        record: record.map(|dir| fairplace::serve::RecordConfig {
+            dir,
+            max_bytes: 1 << 30,
+        }),
         ..Default::default()
     };
     let store = fairplace::serve::open_store(&cfg).map_err(|e| e.to_string())?;
@@ -443,9 +457,57 @@ impl Drop for Spinner {
     }
 }
 
+/// While a recording runs: placements on both nodes, from CPUs and to
+/// previous CPUs that move round the node, some claimed, some SCHED_IDLE,
+/// some bound to one CPU.
+async fn keep_placing(client: Client, node: String, nr_cpus: u32, sim: String) {
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    for i in 0u32.. {
+        tick.tick().await;
+        for (id, n) in [(&node, nr_cpus), (&sim, 16)] {
+            for kind in [
+                pb::RequestKind::Wakeup,
+                pb::RequestKind::Fork,
+                pb::RequestKind::Exec,
+            ] {
+                let task = pb::Task {
+                    prev_cpu: Some((i * 7) % n),
+                    policy: if i % 5 == 0 {
+                        pb::Policy::Idle as i32
+                    } else {
+                        0
+                    },
+                    cpus_allowed: if i % 11 == 0 {
+                        ((i / 11) % n).to_string()
+                    } else {
+                        String::new()
+                    },
+                    util_avg: ((i * 37) % 800) as i64,
+                    ..Default::default()
+                };
+                let req = pb::PickCpuRequest {
+                    node_id: id.clone(),
+                    kind: kind as i32,
+                    this_cpu: (i * 3) % n,
+                    claim: i % 4 == 0,
+                    task: Some(task),
+                    ..Default::default()
+                };
+                let _ = client.pick_cpu(req).await;
+            }
+        }
+    }
+}
+
 /// The main job: server, agents, a few real decisions, then serve a while.
-async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), String> {
-    let server = start_server(grpc_port, metrics_port).await?;
+async fn demo(
+    grpc_port: u16,
+    metrics_port: u16,
+    linger_s: u64,
+    record: Option<std::path::PathBuf>,
+) -> Result<(), String> {
+    let recording = record.clone();
+    let server = start_server(grpc_port, metrics_port, record).await?;
     // A busy process stands in for a task that is running and will exec,
     // so the live state has a CPU an exec can come from. A process, not a
     // thread of the demo: the agent leaves its own process's threads out.
@@ -463,12 +525,27 @@ async fn demo(grpc_port: u16, metrics_port: u16, linger_s: u64) -> Result<(), St
     let grpc = server.grpc;
     println!("\ngRPC:    {grpc}   (try: fairplace --server {grpc} nodes)");
     println!("metrics: http://{}/metrics", server.metrics);
+    let placing = recording.as_ref().map(|dir| {
+        println!(
+            "recording into {}; placing a wakeup, a fork and an exec on each node every 20 ms",
+            dir.display()
+        );
+        tokio::spawn(keep_placing(
+            client.clone(),
+            agents.node_id.clone(),
+            agents.nr_cpus,
+            agents.sim_id.clone(),
+        ))
+    });
     if linger_s > 0 {
         println!("serving for {linger_s} s more; Ctrl-C stops it now");
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(linger_s)) => {}
             _ = tokio::signal::ctrl_c() => {}
         }
+    }
+    if let Some(p) = placing {
+        p.abort();
     }
     agents.stop.send(true).ok();
     for t in agents.tasks {

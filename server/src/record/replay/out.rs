@@ -68,27 +68,24 @@ fn table(o: &mut String, s: &SettingStats) {
     let _ = writeln!(o, "\n{}", s.setting);
     let _ = writeln!(
         o,
-        "  {:<44} {:>10} {:>8} {:>7}",
-        "kind, recorded path", "decisions", "changed", "share"
+        "  {:<40} {:>10} {:>8} {:>7} {:>11}",
+        "kind, recorded path", "decisions", "changed", "share", "other path"
     );
-    for (k, c) in &s.by_path {
+    let rows = s
+        .by_path
+        .iter()
+        .map(|(k, c)| (k.as_str(), c.decisions, c.changed, c.path_changed));
+    for (k, n, changed, path) in rows.chain([("all", s.decisions, s.changed, s.path_changed)]) {
         let _ = writeln!(
             o,
-            "  {:<44} {:>10} {:>8} {:>6.1}%",
+            "  {:<40} {:>10} {:>8} {:>6.1}% {:>11}",
             k,
-            c.decisions,
-            c.changed,
-            share(c.changed, c.decisions)
+            n,
+            changed,
+            share(changed, n),
+            path
         );
     }
-    let _ = writeln!(
-        o,
-        "  {:<44} {:>10} {:>8} {:>6.1}%",
-        "all",
-        s.decisions,
-        s.changed,
-        share(s.changed, s.decisions)
-    );
     let _ = writeln!(
         o,
         "  CPUs scanned: mean {:.2} -> {:.2}, p99 {} -> {}",
