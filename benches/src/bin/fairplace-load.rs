@@ -37,6 +37,9 @@
 //!   clients: node PickCpu against one server with the same nodes, the
 //!   share forwarded, cluster picks and durable allocations per second,
 //!   memory per replica.
+//! - `record`: PickCpu throughput and report ingest on a server recording
+//!   (`--record`) against one that is not, same run, alternating slices;
+//!   what the recording wrote per event.
 //!
 //! Every loop is bounded in time and count and stops by itself.
 //!
@@ -64,6 +67,8 @@ mod ingest;
 mod leases;
 #[path = "fairplace-load/memory.rs"]
 mod memory;
+#[path = "fairplace-load/record.rs"]
+mod record;
 #[path = "fairplace-load/replicas.rs"]
 mod replicas;
 #[path = "fairplace-load/rpc.rs"]
@@ -128,6 +133,9 @@ enum Cmd {
     /// against one server with the same nodes, the share forwarded,
     /// cluster picks and durable allocations per second, memory.
     Scale(scale::Opts),
+    /// What a recording costs: PickCpu throughput and report ingest on a
+    /// server with --record against one without, same run, alternating.
+    Record(record::Opts),
 }
 
 #[tokio::main]
@@ -151,5 +159,6 @@ async fn main() {
         Cmd::Replicas(o) => replicas::run(server, &launch, o).await,
         Cmd::Memory(o) => memory::run(server, &launch, o).await,
         Cmd::Scale(o) => scale::run(server, &launch, o).await,
+        Cmd::Record(o) => record::run(server, &launch, o).await,
     }
 }

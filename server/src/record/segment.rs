@@ -4,12 +4,12 @@
 //! A segment is the 8-byte magic, the format version (u32, little-endian),
 //! then blocks. A block is its stored length, its decoded length and the
 //! CRC-32 of the stored bytes (three u32, little-endian), a codec byte (0
-//! stored, 1 deflate), then the stored bytes. The CRC finds a damaged
+//! stored, 1 an LZ4 block), then the stored bytes. The CRC finds a damaged
 //! block; the lengths are bounded, so a damaged length cannot make a reader
-//! allocate without limit. Deflate is used only where it pays (a block
-//! deflated to more than 7/8 of its size is stored as it is).
+//! allocate without limit. LZ4 is used only where it pays (a block that
+//! compresses to more than 7/8 of its size is stored as it is).
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use fairplace_proto::v1 as pb;
@@ -29,7 +29,7 @@ pub const BLOCK_TARGET: usize = 64 << 10;
 const HEADER: usize = MAGIC.len() + 4;
 const BLOCK_HEAD: usize = 13;
 const STORED: u8 = 0;
-const DEFLATE: u8 = 1;
+const LZ4: u8 = 1;
 
 /// A segment's header.
 pub fn header() -> [u8; HEADER] {
@@ -39,16 +39,14 @@ pub fn header() -> [u8; HEADER] {
     h
 }
 
-/// One block of `raw` (length-delimited entries), deflated where it pays.
+/// One block of `raw` (length-delimited entries), compressed where it
+/// pays.
 pub fn block(raw: &[u8]) -> Vec<u8> {
-    let mut z = flate2::write::DeflateEncoder::new(
-        Vec::with_capacity(raw.len() / 2),
-        flate2::Compression::fast(),
-    );
-    let deflated = z.write_all(raw).and_then(|_| z.finish()).ok();
-    let (codec, stored) = match deflated {
-        Some(d) if d.len() < raw.len() / 8 * 7 => (DEFLATE, d),
-        _ => (STORED, raw.to_vec()),
+    let packed = lz4_flex::block::compress(raw);
+    let (codec, stored) = if packed.len() < raw.len() / 8 * 7 {
+        (LZ4, packed)
+    } else {
+        (STORED, raw.to_vec())
     };
     let mut out = Vec::with_capacity(BLOCK_HEAD + stored.len());
     out.extend_from_slice(&(stored.len() as u32).to_le_bytes());
@@ -196,19 +194,15 @@ impl<R: Read> SegmentReader<R> {
         }
         let raw = match codec {
             STORED => stored,
-            DEFLATE => {
-                let mut raw = Vec::with_capacity(raw_len);
-                flate2::read::DeflateDecoder::new(&stored[..])
-                    .take(raw_len as u64 + 1)
-                    .read_to_end(&mut raw)
-                    .map_err(|e| damage(format!("block does not inflate: {e}")))?;
-                raw
-            }
+            // Decompressing into `raw_len` bytes, no more: a damaged block
+            // cannot make it allocate beyond the checked bound.
+            LZ4 => lz4_flex::block::decompress(&stored, raw_len)
+                .map_err(|e| damage(format!("block does not decompress: {e}")))?,
             c => return Err(damage(format!("unknown codec {c}"))),
         };
         if raw.len() != raw_len {
             return Err(damage(format!(
-                "block inflates to {} bytes, its header says {raw_len}",
+                "block decompresses to {} bytes, its header says {raw_len}",
                 raw.len()
             )));
         }
@@ -309,20 +303,20 @@ mod tests {
     }
 
     #[test]
-    fn blocks_read_back_in_order_deflated_or_not() {
+    fn blocks_read_back_in_order_compressed_or_not() {
         let many: Vec<u64> = (0..500).collect();
         let bytes = segment(&[&[1, 2], &many]);
         let (v, d) = read(&bytes);
         assert_eq!(d, None);
         assert_eq!(v.len(), 502);
         assert_eq!(&v[..3], &[1, 2, 0]);
-        // The repetitive block deflates.
+        // The repetitive block is compressed.
         let first = u32::from_le_bytes(bytes[HEADER..HEADER + 4].try_into().unwrap()) as usize;
-        assert_eq!(bytes[HEADER + BLOCK_HEAD + first + 12], DEFLATE);
+        assert_eq!(bytes[HEADER + BLOCK_HEAD + first + 12], LZ4);
     }
 
     #[test]
-    fn a_block_deflate_cannot_shrink_is_stored() {
+    fn a_block_compression_cannot_shrink_is_stored() {
         // Bytes with no repetition: a linear congruential sequence.
         let mut x: u32 = 12345;
         let noise: String = (0..200)
