@@ -37,6 +37,7 @@ use crate::store::{Node, Snapshot, Store};
 
 pub mod replay;
 pub mod segment;
+mod wire;
 mod writer;
 
 use writer::{FileSink, Sink, StreamSink};
@@ -56,6 +57,8 @@ pub(crate) enum Event {
         report: bool,
     },
     Decision(Box<Decision>),
+    /// An entry encoded where it was decided (a PickCpu: `wire.rs`).
+    Encoded(Vec<u8>),
     /// Another sink joins the running recorder.
     Attach(Sink),
     /// The server stops: write what is pending and end.
@@ -72,11 +75,6 @@ pub(crate) struct Decision {
 // It travels boxed (`Event::Decision`): a variant's size costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Decided {
-    Pick {
-        req: pb::PickCpuRequest,
-        answer: PickAnswer,
-        cluster: bool,
-    },
     Migrate {
         req: pb::CanMigrateRequest,
         answer: pb::CanMigrateResponse,
@@ -108,6 +106,9 @@ pub struct Hub {
     starting: Mutex<()>,
     /// The writer thread, joined at [`Hub::finish`].
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The wall clock in ms, as the writer last read it: what a PickCpu's
+    /// entry is stamped with (a clock read per decision would cost more).
+    now_ms: AtomicU64,
     system: System,
     switches: Arc<Switches>,
 }
@@ -119,6 +120,7 @@ impl Hub {
             active: ArcSwapOption::empty(),
             starting: Mutex::new(()),
             writer: Mutex::new(None),
+            now_ms: AtomicU64::new(writer::unix_ms()),
             system: store.config.system,
             switches: Arc::clone(&store.switches),
         });
@@ -239,10 +241,9 @@ impl Hub {
         answer: &PickAnswer,
         cluster: bool,
     ) {
-        self.decided(node, version, || Decided::Pick {
-            req: req.clone(),
-            answer: *answer,
-            cluster,
+        self.send(|| {
+            let ms = self.now_ms.load(Ordering::Relaxed);
+            Event::Encoded(wire::pick_entry(node, version, ms, req, answer, cluster))
         });
     }
 

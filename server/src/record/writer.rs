@@ -194,6 +194,19 @@ struct Writer {
     last_flush: Instant,
     /// The server stops ([`Event::Finish`]).
     finishing: bool,
+    /// The wall clock entries are stamped with, read once per batch of
+    /// events (a read per entry would cost more than the entry).
+    now_ms: u64,
+    /// Buffers of the hand-written state entries.
+    scratch: [Vec<u8>; 3],
+    counted: Counted,
+}
+
+/// The writer's counters, registered once.
+struct Counted {
+    states: metrics::Counter,
+    decisions: metrics::Counter,
+    keyframes: metrics::Counter,
 }
 
 /// The writer thread: until its last sink ends.
@@ -206,20 +219,44 @@ pub(crate) fn run(hub: Arc<Hub>, rec: Arc<Recorder>, rx: Receiver<Event>, first:
         sinks: Vec::new(),
         last_flush: Instant::now(),
         finishing: false,
+        now_ms: unix_ms(),
+        scratch: Default::default(),
+        counted: Counted {
+            states: metrics::counter!(m::RECORD_ENTRIES, "kind" => "state"),
+            decisions: metrics::counter!(m::RECORD_ENTRIES, "kind" => "decision"),
+            keyframes: metrics::counter!(m::RECORD_ENTRIES, "kind" => "keyframe"),
+        },
     };
     w.attach(first);
+    let mut batch = 0u32;
     loop {
         // Polled, never waited on: a sender finds no sleeping receiver to
         // wake, so recording adds no system call to a decision.
-        match rx.try_recv() {
-            Ok(e) => w.event(e),
-            Err(TryRecvError::Empty) => std::thread::sleep(POLL),
+        let idle = match rx.try_recv() {
+            Ok(e) => {
+                w.event(e);
+                false
+            }
+            Err(TryRecvError::Empty) => true,
             Err(TryRecvError::Disconnected) => break,
-        }
+        };
         if w.finishing {
             break;
         }
-        if w.raw.len() >= BLOCK_TARGET || w.last_flush.elapsed() >= FLUSH_EVERY {
+        batch += 1;
+        if idle || batch >= 256 {
+            // The clocks are read once per batch, not per event.
+            batch = 0;
+            w.now_ms = unix_ms();
+            w.hub.now_ms.store(w.now_ms, Ordering::Relaxed);
+            if w.last_flush.elapsed() >= FLUSH_EVERY {
+                w.flush();
+            }
+            if idle {
+                std::thread::sleep(POLL);
+            }
+        }
+        if w.raw.len() >= BLOCK_TARGET {
             w.flush();
         }
         if w.sinks.is_empty() && w.end(&rx) {
@@ -240,9 +277,13 @@ impl Writer {
                 report,
             } => self.state(node, incarnation, spec, snap, report),
             Event::Decision(d) => {
-                let entry = decision_entry(*d);
+                let entry = decision_entry(*d, self.now_ms);
                 segment::push_entry(&mut self.raw, &entry);
-                metrics::counter!(m::RECORD_ENTRIES, "kind" => "decision").increment(1);
+                self.counted.decisions.increment(1);
+            }
+            Event::Encoded(bytes) => {
+                self.raw.extend_from_slice(&bytes);
+                self.counted.decisions.increment(1);
             }
             Event::Attach(s) => self.attach(s),
             Event::Finish => self.finishing = true,
@@ -264,15 +305,21 @@ impl Writer {
                 && Arc::ptr_eq(&l.spec, &spec)
                 && l.snap.version < snap.version
         });
-        if same {
-            let last = &self.nodes[&node];
-            let e = state_entry(&node, &snap, Some(&last.snap), report);
-            segment::push_entry(&mut self.raw, &e);
+        let prev = if same {
+            self.nodes.get(&node).map(|l| &l.snap)
         } else {
             segment::push_entry(&mut self.raw, &node_entry(&node, &spec));
-            segment::push_entry(&mut self.raw, &state_entry(&node, &snap, None, report));
-        }
-        metrics::counter!(m::RECORD_ENTRIES, "kind" => "state").increment(1);
+            None
+        };
+        push_state(
+            &mut self.raw,
+            &mut self.scratch,
+            &node,
+            (&snap, prev),
+            report,
+            self.now_ms,
+        );
+        self.counted.states.increment(1);
         self.nodes.insert(
             node,
             Last {
@@ -284,7 +331,7 @@ impl Writer {
     }
 
     /// The start entry and every node whole: what a sink begins with.
-    fn keyframe(&self) -> Vec<u8> {
+    fn keyframe(&mut self) -> Vec<u8> {
         let mut raw = Vec::new();
         let start = pb::RecordStart {
             format: segment::FORMAT,
@@ -300,9 +347,10 @@ impl Writer {
         for id in ids {
             let l = &self.nodes[id];
             segment::push_entry(&mut raw, &node_entry(id, &l.spec));
-            segment::push_entry(&mut raw, &state_entry(id, &l.snap, None, false));
+            let snap = (&*l.snap, None);
+            push_state(&mut raw, &mut self.scratch, id, snap, false, self.now_ms);
         }
-        metrics::counter!(m::RECORD_ENTRIES, "kind" => "keyframe").increment(1);
+        self.counted.keyframes.increment(1);
         segment::block(&raw)
     }
 
@@ -386,7 +434,7 @@ fn file_failed(dir: &std::path::Path, e: std::io::Error) {
     tracing::error!(dir = %dir.display(), error = %e, "the recording stopped: its directory cannot be written");
 }
 
-fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -403,60 +451,48 @@ fn node_entry(id: &str, spec: &TopologySpec) -> pb::RecordEntry {
     }))
 }
 
-/// `snap` as the CPUs that changed since `prev` (all without one).
-fn state_entry(
+/// Appends `snap` as the CPUs that changed since `prev` (all without
+/// one), stamped `unix_ms`.
+fn push_state(
+    raw: &mut Vec<u8>,
+    scratch: &mut [Vec<u8>; 3],
     id: &str,
-    snap: &Snapshot,
-    prev: Option<&Arc<Snapshot>>,
+    (snap, prev): (&Snapshot, Option<&Arc<Snapshot>>),
     report: bool,
-) -> pb::RecordEntry {
+    unix_ms: u64,
+) {
     let st = &snap.state;
-    let (full, cpus, features) = match prev {
-        Some(p) if p.state.cpus.len() == st.cpus.len() => {
-            let cpus = (0..st.cpus.len())
-                .filter(|&i| {
-                    st.cpus[i] != p.state.cpus[i] || st.core_cookie(i) != p.state.core_cookie(i)
-                })
-                .map(|i| convert::cpu_state_to_pb(i, &st.cpus[i], st.core_cookie(i)))
-                .collect();
-            let f = (snap.features != p.features).then(|| features_to_pb(&snap.features));
-            (false, cpus, f)
-        }
-        _ => (
-            true,
-            convert::cpu_states_to_pb(st),
-            Some(features_to_pb(&snap.features)),
-        ),
-    };
-    entry(Entry::State(pb::RecordState {
-        node_id: id.to_string(),
+    let prev = prev.filter(|p| p.state.cpus.len() == st.cpus.len());
+    let head = super::wire::StateHead {
+        node: id,
         version: snap.version,
-        unix_ms: unix_ms(),
+        unix_ms,
         report,
-        full,
-        cpus,
-        features,
-    }))
+        full: prev.is_none(),
+        features: match prev {
+            Some(p) if p.features == snap.features => None,
+            _ => Some(features_to_pb(&snap.features)),
+        },
+    };
+    let changed = (0..st.cpus.len())
+        .filter(|&i| {
+            prev.is_none_or(|p| {
+                st.cpus[i] != p.state.cpus[i] || st.core_cookie(i) != p.state.core_cookie(i)
+            })
+        })
+        .map(|i| (i, &st.cpus[i], st.core_cookie(i)));
+    super::wire::push_state(raw, &head, changed, scratch);
 }
 
-fn decision_entry(d: Decision) -> pb::RecordEntry {
+fn decision_entry(d: Decision, unix_ms: u64) -> pb::RecordEntry {
     use pb::record_decision::Request;
     let mut r = pb::RecordDecision {
         node_id: d.node,
         version: d.version,
-        unix_ms: unix_ms(),
+        unix_ms,
         ..Default::default()
     };
     match d.what {
-        Decided::Pick {
-            req,
-            answer,
-            cluster,
-        } => {
-            r.request = Some(Request::Pick(req));
-            r.picked = Some(answer.into_response(String::new()));
-            r.cluster = cluster;
-        }
         Decided::Migrate { req, answer } => {
             r.request = Some(Request::Migrate(req));
             r.migrated = Some(answer);

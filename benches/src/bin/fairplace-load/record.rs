@@ -17,7 +17,7 @@ use fairplace_benches::load::{states, wakeup_on_load};
 use crate::shared::{
     Launch, NodeStream, Server, channels, http_body, load_node, register_nodes, run_phase, update,
 };
-use crate::wire;
+use crate::{cost, wire};
 
 #[derive(clap::Args)]
 pub struct Opts {
@@ -39,18 +39,57 @@ pub struct Opts {
     pub window: usize,
 }
 
-/// Rates of the two servers: `[without, with]`, events and seconds.
+/// The two servers' slices, `[without, with]`: events, seconds and the
+/// server's CPU time in all, and each round's rate ratio (with / without,
+/// from the round's two adjacent slices: the machine's drift cancels).
 #[derive(Default)]
-struct Rates([(u64, f64); 2]);
+struct Rates {
+    sums: [(u64, f64, u64); 2],
+    round: [f64; 2],
+    ratios: Vec<f64>,
+}
 
 impl Rates {
-    fn add(&mut self, k: usize, n: u64, secs: f64) {
-        self.0[k].0 += n;
-        self.0[k].1 += secs;
+    fn add(&mut self, k: usize, n: u64, secs: f64, cpu_ns: u64) {
+        self.sums[k].0 += n;
+        self.sums[k].1 += secs;
+        self.sums[k].2 += cpu_ns;
+        self.round[k] = n as f64 / secs.max(1e-9);
+    }
+
+    /// Closes a round: its ratio of rates.
+    fn end_round(&mut self) {
+        self.ratios.push(self.round[1] / self.round[0].max(1e-9));
     }
 
     fn rate(&self, k: usize) -> f64 {
-        self.0[k].0 as f64 / self.0[k].1.max(1e-9)
+        self.sums[k].0 as f64 / self.sums[k].1.max(1e-9)
+    }
+
+    /// The server's CPU per event, µs.
+    fn cpu_us(&self, k: usize) -> f64 {
+        self.sums[k].2 as f64 / 1e3 / self.sums[k].0.max(1) as f64
+    }
+
+    /// The median of the rounds' ratios.
+    fn median_ratio(&self) -> f64 {
+        let mut v = self.ratios.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    fn line(&self, what: &str, unit: &str) -> String {
+        format!(
+            "{what}: {:.0} {unit}/s without, {:.0}/s recorded: median round ratio {:.3} (of {} rounds; whole-run ratio {:.3}); server CPU per {unit} {:.3} -> {:.3} µs ({:+.1} %)",
+            self.rate(0),
+            self.rate(1),
+            self.median_ratio(),
+            self.ratios.len(),
+            self.rate(1) / self.rate(0),
+            self.cpu_us(0),
+            self.cpu_us(1),
+            100.0 * (self.cpu_us(1) / self.cpu_us(0) - 1.0)
+        )
     }
 }
 
@@ -76,20 +115,10 @@ pub async fn run(server: Server, launch: &Launch, o: Opts) {
     let before_ingest = recording_bytes(&dir);
     let ingest = ingest_phase(servers, &o).await;
     let after = recording_bytes(&dir);
-    println!(
-        "pick_cpu: {:.0}/s without, {:.0}/s recorded: ratio {:.3}",
-        picks.rate(0),
-        picks.rate(1),
-        picks.rate(1) / picks.rate(0)
-    );
-    println!(
-        "ingest: {:.0} CPU updates/s without, {:.0}/s recorded: ratio {:.3}",
-        ingest.rate(0),
-        ingest.rate(1),
-        ingest.rate(1) / ingest.rate(0)
-    );
-    let decisions = picks.0[1].0.max(1);
-    let updates = ingest.0[1].0.max(1);
+    println!("{}", picks.line("pick_cpu", "call"));
+    println!("{}", ingest.line("ingest", "CPU update"));
+    let decisions = picks.sums[1].0.max(1);
+    let updates = ingest.sums[1].0.max(1);
     println!(
         "recording: {:.1} MB in all; {:.1} bytes per PickCpu (with its node's claims: none), {:.2} bytes per CPU update",
         after as f64 / 1e6,
@@ -110,9 +139,9 @@ pub async fn run(server: Server, launch: &Launch, o: Opts) {
         series("fairplace_record_dropped_total")
     );
     println!(
-        "record: pick_cpu ratio {:.3}, ingest ratio {:.3}",
-        picks.rate(1) / picks.rate(0),
-        ingest.rate(1) / ingest.rate(0)
+        "record: pick_cpu ratio {:.3}, ingest ratio {:.3} (medians of the rounds)",
+        picks.median_ratio(),
+        ingest.median_ratio()
     );
     drop(recorded);
     let _ = std::fs::remove_dir_all(&dir);
@@ -149,6 +178,7 @@ async fn pick_phase(servers: [&Server; 2], o: &Opts) -> Rates {
     for round in 0..o.seconds.max(1) {
         for k in [round as usize % 2, 1 - round as usize % 2] {
             let framed = Arc::clone(&framed);
+            let before = cost::read(servers[k].child.id());
             let (all, errors, secs) = run_phase(
                 &callers[k],
                 o.concurrency,
@@ -160,29 +190,33 @@ async fn pick_phase(servers: [&Server; 2], o: &Opts) -> Rates {
             )
             .await;
             assert_eq!(errors, 0, "PickCpu failed");
-            r.add(k, all.len(), secs);
+            let spent = cost::read(servers[k].child.id()) - before;
+            r.add(k, all.len(), secs, spent.cpu_ns);
         }
+        r.end_round();
     }
     drop(nodes);
     r
 }
 
 async fn ingest_phase(servers: [&Server; 2], o: &Opts) -> Rates {
-    let mut streams: Vec<Vec<NodeStream>> = Vec::new();
+    // Each node's stream with the sequence number it last sent.
+    let mut streams: Vec<Vec<(NodeStream, u64)>> = Vec::new();
     for s in servers {
         let chans = channels(&s.grpc, o.connections).await;
-        streams.push(register_nodes(&chans, "ingest", o.nodes, o.cpus).await);
+        let nodes = register_nodes(&chans, "ingest", o.nodes, o.cpus).await;
+        streams.push(nodes.into_iter().map(|n| (n, 1)).collect());
     }
-    let mut seqs = [1u64; 2];
     let mut r = Rates::default();
     for round in 0..o.seconds.max(1) {
         for k in [round as usize % 2, 1 - round as usize % 2] {
             let stop = Arc::new(AtomicBool::new(false));
             let applied = Arc::new(AtomicU64::new(0));
+            let before = cost::read(servers[k].child.id());
             let mut tasks = Vec::new();
-            for (i, s) in std::mem::take(&mut streams[k]).into_iter().enumerate() {
+            for (i, (s, seq)) in std::mem::take(&mut streams[k]).into_iter().enumerate() {
                 let (stop, applied) = (Arc::clone(&stop), Arc::clone(&applied));
-                let (cpus, window, seq) = (o.cpus, o.window, seqs[k]);
+                let (cpus, window) = (o.cpus, o.window);
                 tasks.push(tokio::spawn(stream_slice(
                     s, i, cpus, window, seq, stop, applied,
                 )));
@@ -192,15 +226,13 @@ async fn ingest_phase(servers: [&Server; 2], o: &Opts) -> Rates {
             stop.store(true, Ordering::Relaxed);
             let secs = t0.elapsed().as_secs_f64();
             let n = applied.load(Ordering::Relaxed);
-            let mut next = 0;
             for t in tasks {
-                let (s, seq) = t.await.unwrap();
-                next = next.max(seq);
-                streams[k].push(s);
+                streams[k].push(t.await.unwrap());
             }
-            seqs[k] = next;
-            r.add(k, n, secs);
+            let spent = cost::read(servers[k].child.id()) - before;
+            r.add(k, n, secs, spent.cpu_ns);
         }
+        r.end_round();
     }
     r
 }
