@@ -17,8 +17,9 @@
 //! | `convert/` | protobuf to engine types and back, with errors that name the field | engine, store |
 //! | `identity.rs` | who may call what: the caller's identity and the one role table | nothing |
 //! | `replica/` | several servers sharing the nodes through etcd: ownership, the lease log in etcd, which replica answers a call and the forwarding to it, what replicas serve each other | store, convert, identity |
+//! | `record/` | recordings: every published node state (told by the store's `tap`) and every decision, written by one thread as checksummed segments; `replay/` decides them again under each switch setting | store, convert, engine |
 //! | `transport/` | sockets to messages: listeners, TLS, tower layers, the hand-framed fast paths (PickCpu, Ping, the agents' Report streams), the metrics port; it knows no handler | convert, identity |
-//! | `service/` | the RPC handlers: a decoded message in, an answer out, over the store; the fast paths reach them through the traits `transport/` declares | store, convert, identity, replica, transport |
+//! | `service/` | the RPC handlers: a decoded message in, an answer out, over the store; the fast paths reach them through the traits `transport/` declares | store, convert, identity, replica, record, transport |
 //! | `serve.rs` | the server assembled from its configuration: handlers behind the transport, the replica's loops, health, shutdown | all of the above |
 //!
 //! A PickCpu arrives at `transport/listener.rs`, passes the layers

@@ -248,7 +248,13 @@ mod tests {
             (false, None, ""),
         ] {
             let picked: Vec<usize> = (0..40).filter(|i| full || i % 3 != 1).collect();
-            let cookie = |i: usize| if i.is_multiple_of(4) { 0 } else { 1u64 << (i % 60) };
+            let cookie = |i: usize| {
+                if i.is_multiple_of(4) {
+                    0
+                } else {
+                    1u64 << (i % 60)
+                }
+            };
             let want = pb::RecordEntry {
                 entry: Some(pb::record_entry::Entry::State(pb::RecordState {
                     node_id: node.into(),

@@ -300,34 +300,30 @@ impl Writer {
         snap: Arc<Snapshot>,
         report: bool,
     ) {
-        let same = self.nodes.get(&node).is_some_and(|l| {
-            l.incarnation == incarnation
-                && Arc::ptr_eq(&l.spec, &spec)
-                && l.snap.version < snap.version
-        });
-        let prev = if same {
-            self.nodes.get(&node).map(|l| &l.snap)
-        } else {
-            segment::push_entry(&mut self.raw, &node_entry(&node, &spec));
-            None
+        // One lookup: the node's last state is replaced where it lies.
+        let (raw, scratch, now_ms) = (&mut self.raw, &mut self.scratch, self.now_ms);
+        let last = match self.nodes.get_mut(&node) {
+            Some(l) => l,
+            None => self.nodes.entry(node.clone()).or_insert(Last {
+                incarnation: 0,
+                spec: Arc::clone(&spec),
+                snap: Arc::clone(&snap),
+            }),
         };
-        push_state(
-            &mut self.raw,
-            &mut self.scratch,
-            &node,
-            (&snap, prev),
-            report,
-            self.now_ms,
-        );
+        let same = last.incarnation == incarnation
+            && Arc::ptr_eq(&last.spec, &spec)
+            && last.snap.version < snap.version;
+        if !same {
+            segment::push_entry(raw, &node_entry(&node, &spec));
+        }
+        let prev = same.then_some(&last.snap);
+        push_state(raw, scratch, &node, (&snap, prev), report, now_ms);
         self.counted.states.increment(1);
-        self.nodes.insert(
-            node,
-            Last {
-                incarnation,
-                spec,
-                snap,
-            },
-        );
+        *last = Last {
+            incarnation,
+            spec,
+            snap,
+        };
     }
 
     /// The start entry and every node whole: what a sink begins with.

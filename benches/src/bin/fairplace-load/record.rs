@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fairplace_benches::load::{states, wakeup_on_load};
+use fairplace_client::pb;
 
 use crate::shared::{
     Launch, NodeStream, Server, channels, http_body, load_node, register_nodes, run_phase, update,
@@ -37,6 +38,11 @@ pub struct Opts {
     /// Updates in flight per node.
     #[arg(long, default_value_t = 2)]
     pub window: usize,
+    /// Share of a node's CPUs each delta carries (the agent sends only
+    /// those that moved; its simulator's default is 10); 100: every CPU
+    /// changes in every delta, the ingest benchmark's worst case.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub churn_pct: u32,
 }
 
 /// The two servers' slices, `[without, with]`: events, seconds and the
@@ -108,8 +114,8 @@ pub async fn run(server: Server, launch: &Launch, o: Opts) {
     );
     let servers = [&server, &recorded];
     println!(
-        "# fairplace-load record: a server without a recording and one with --record, alternating 1 s slices, {} slices each; PickCpu: {} callers over {} connections (raw caller); ingest: {} nodes x {} CPUs, window {}",
-        o.seconds, o.concurrency, o.connections, o.nodes, o.cpus, o.window
+        "# fairplace-load record: a server without a recording and one with --record, alternating 1 s slices, {} slices each; PickCpu: {} callers over {} connections (raw caller); ingest: {} nodes x {} CPUs, {} % of them in each delta, window {}",
+        o.seconds, o.concurrency, o.connections, o.nodes, o.cpus, o.churn_pct, o.window
     );
     let picks = pick_phase(servers, &o).await;
     let before_ingest = recording_bytes(&dir);
@@ -216,10 +222,12 @@ async fn ingest_phase(servers: [&Server; 2], o: &Opts) -> Rates {
             let mut tasks = Vec::new();
             for (i, (s, seq)) in std::mem::take(&mut streams[k]).into_iter().enumerate() {
                 let (stop, applied) = (Arc::clone(&stop), Arc::clone(&applied));
-                let (cpus, window) = (o.cpus, o.window);
-                tasks.push(tokio::spawn(stream_slice(
-                    s, i, cpus, window, seq, stop, applied,
-                )));
+                let shape = Shape {
+                    cpus: o.cpus,
+                    window: o.window,
+                    per_delta: (o.cpus * o.churn_pct / 100).max(1),
+                };
+                tasks.push(tokio::spawn(stream_slice(s, i, shape, seq, stop, applied)));
             }
             let t0 = Instant::now();
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -237,30 +245,52 @@ async fn ingest_phase(servers: [&Server; 2], o: &Opts) -> Rates {
     r
 }
 
-/// One node's deltas for a slice, `window` in flight, every CPU changed
-/// in each; its in-flight updates are drained (not counted) before the
-/// stream is handed back with the last sequence number.
+/// What each node streams.
+#[derive(Clone, Copy)]
+struct Shape {
+    cpus: u32,
+    window: usize,
+    /// CPUs in each delta.
+    per_delta: u32,
+}
+
+/// Delta `seq` of a node: `per_delta` CPUs, the next ones round the node,
+/// each with the other of its two states than at its last visit, so every
+/// CPU sent has changed.
+fn delta(a: &[pb::CpuState], b: &[pb::CpuState], shape: Shape, seq: u64) -> Vec<pb::CpuState> {
+    let (n, k) = (shape.cpus as u64, shape.per_delta as u64);
+    (0..k)
+        .map(|j| {
+            let visit = seq * k + j;
+            let cpu = (visit % n) as usize;
+            if (visit / n).is_multiple_of(2) {
+                a[cpu].clone()
+            } else {
+                b[cpu].clone()
+            }
+        })
+        .collect()
+}
+
+/// One node's deltas for a slice, `window` in flight; its in-flight updates
+/// are drained (not counted) before the stream is handed back with the
+/// last sequence number.
 async fn stream_slice(
     mut s: NodeStream,
     i: usize,
-    cpus: u32,
-    window: usize,
+    shape: Shape,
     mut seq: u64,
     stop: Arc<AtomicBool>,
     applied: Arc<AtomicU64>,
 ) -> (NodeStream, u64) {
-    let a = states(cpus, i as u64 + 11);
-    let b = states(cpus, i as u64 + 12);
+    let a = states(shape.cpus, i as u64 + 11);
+    let b = states(shape.cpus, i as u64 + 12);
     let mut in_flight = 0;
     loop {
         let stopping = stop.load(Ordering::Relaxed);
-        while !stopping && in_flight < window {
+        while !stopping && in_flight < shape.window {
             seq += 1;
-            let body = if seq.is_multiple_of(2) {
-                a.clone()
-            } else {
-                b.clone()
-            };
+            let body = delta(&a, &b, shape, seq);
             if s.tx.send(update(seq, false, body)).await.is_err() {
                 return (s, seq);
             }
@@ -273,7 +303,7 @@ async fn stream_slice(
             Ok(Some(ack)) => {
                 in_flight -= 1;
                 if !stopping && ack.rejection.is_none() {
-                    applied.fetch_add(cpus as u64, Ordering::Relaxed);
+                    applied.fetch_add(shape.per_delta as u64, Ordering::Relaxed);
                 }
             }
             _ => return (s, seq),
