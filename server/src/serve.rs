@@ -182,6 +182,22 @@ pub async fn serve_store(
     serve_replicated(cfg, store, None, listener, shutdown).await
 }
 
+/// The recorder every handler tells; with `--record`, recording into its
+/// directory from now on.
+fn start_recorder(
+    store: &Store,
+    record: Option<&RecordConfig>,
+) -> Result<Arc<crate::record::Hub>, String> {
+    let recorder = crate::record::Hub::new(store);
+    if let Some(rc) = record {
+        recorder
+            .record_to(rc.dir.clone(), rc.max_bytes)
+            .map_err(|e| format!("--record {}: {e}", rc.dir.display()))?;
+        tracing::info!(dir = %rc.dir.display(), max_bytes = rc.max_bytes, "recording what is seen and decided");
+    }
+    Ok(recorder)
+}
+
 /// Serves `store`; with `replicated`, as one replica of several.
 pub async fn serve_replicated(
     cfg: ServeConfig,
@@ -199,14 +215,7 @@ pub async fn serve_replicated(
     // Flips to true when shutdown begins: Report streams end on it.
     let (stopping_tx, stopping) = watch::channel(false);
     let hub = Arc::new(lease_hub::LeaseHub::default());
-    let recorder = crate::record::Hub::new(&store);
-    let recorder_at_exit = Arc::clone(&recorder);
-    if let Some(rc) = &cfg.record {
-        recorder
-            .record_to(rc.dir.clone(), rc.max_bytes)
-            .map_err(|e| format!("--record {}: {e}", rc.dir.display()))?;
-        tracing::info!(dir = %rc.dir.display(), max_bytes = rc.max_bytes, "recording what is seen and decided");
-    }
+    let recorder = start_recorder(&store, cfg.record.as_ref())?;
     let placement = placement::Placement {
         store: Arc::clone(&store),
         heavy: heavy.clone(),
@@ -237,7 +246,7 @@ pub async fn serve_replicated(
             token: cfg.admin_token.clone(),
         }),
         replicated: replicated.clone(),
-        recorder,
+        recorder: Arc::clone(&recorder),
     })
     .max_decoding_message_size(max);
 
@@ -332,8 +341,7 @@ pub async fn serve_replicated(
             Ok(())
         }
     };
-    // The recording ends on a whole block.
-    let _ = tokio::task::spawn_blocking(move || recorder_at_exit.finish()).await;
+    let _ = tokio::task::spawn_blocking(move || recorder.finish()).await;
     sweeper.abort();
     lease_expiry.abort();
     for l in replica_loops {

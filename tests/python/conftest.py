@@ -24,7 +24,7 @@ from grpc_tools import protoc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("FAIRPLACE_BIN_DIR", os.path.join(ROOT, "target", "debug"))
-PROTOS = ["types", "agent", "placement", "admin", "replica"]
+PROTOS = ["types", "agent", "placement", "record", "admin", "replica"]
 REQUIRE_ETCD = os.environ.get("FAIRPLACE_REQUIRE_ETCD") == "1"
 NO_ETCD = "no etcd binary (apt-get install etcd-server, or set FAIRPLACE_ETCD)"
 

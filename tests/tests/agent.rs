@@ -251,7 +251,9 @@ fn the_cli_shows_nodes_picks_and_decides() {
 
 #[test]
 fn metrics_show_every_documented_series_after_some_traffic() {
-    let server = Server::start(&["--claim-ttl-ms", "50"]);
+    // Recording, so the recording's series are there too.
+    let rec = fairplace_e2e::StateDir::new("recording");
+    let server = Server::start(&["--claim-ttl-ms", "50", "--record", rec.path()]);
     let _agent = Agent::start(&server.grpc, &["--node-id", "m", "--interval-ms", "100"]);
     rt().block_on(async {
         let c = Client::connect(&server.grpc).await.unwrap();
@@ -344,7 +346,8 @@ fn metrics_show_every_documented_series_after_some_traffic() {
             .await
             .unwrap();
         c.release_cpus(l.lease_id).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        // Past the recording's first flush (once a second).
+        tokio::time::sleep(Duration::from_millis(1200)).await;
     });
     let text = http_get(&server.metrics);
     for (name, kind, _) in fairplace::metrics::ALL {

@@ -96,6 +96,7 @@ impl FileSink {
         f.write_all(&head)?;
         f.write_all(keyframe)?;
         let len = (head.len() + keyframe.len()) as u64;
+        metrics::counter!(m::RECORD_BYTES, "sink" => "file").increment(len);
         self.cur = Some((f, len));
         self.segs.push_back((path, len));
         self.trim();

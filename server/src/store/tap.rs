@@ -1,5 +1,5 @@
-//! What the store shows a recorder (`crate::record`): every snapshot a node
-//! publishes, at the moment it is published.
+//! What the store shows a recorder (the server's `record` module): every
+//! snapshot a node publishes, at the moment it is published.
 //!
 //! The store cannot name the recorder (the recorder reads the store), so
 //! it holds whatever implements [`Tap`], installed once; a store nobody

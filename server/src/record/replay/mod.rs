@@ -24,7 +24,7 @@ pub mod nodes;
 pub mod out;
 
 use judge::SettingStats;
-use nodes::Nodes;
+use nodes::Tracks;
 
 /// Answers not reproduced that the report keeps whole (all are counted).
 const MAX_MISMATCHES: usize = 1000;
@@ -136,7 +136,7 @@ struct Pending {
 
 struct Replay {
     opts: Options,
-    nodes: Nodes,
+    nodes: Tracks,
     /// Resolved at the first segment start (`--each-switch` needs it).
     settings: Option<Vec<Setting>>,
     pending: HashMap<String, Vec<Pending>>,
@@ -154,7 +154,7 @@ pub fn run(opts: Options) -> Result<Report, String> {
         ));
     }
     let mut r = Replay {
-        nodes: Nodes::new(Default::default()),
+        nodes: Tracks::new(Default::default()),
         settings: None,
         pending: HashMap::new(),
         report: Report::default(),

@@ -73,14 +73,14 @@ impl Track {
 }
 
 /// Every node of the replay.
-pub struct Nodes {
+pub struct Tracks {
     pub system: System,
     pub tracks: HashMap<String, Track>,
 }
 
-impl Nodes {
-    pub fn new(system: System) -> Nodes {
-        Nodes {
+impl Tracks {
+    pub fn new(system: System) -> Tracks {
+        Tracks {
             system,
             tracks: HashMap::new(),
         }
