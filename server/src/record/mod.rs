@@ -6,15 +6,17 @@
 //! changed since the last, told by the store's [`Tap`] as it publishes) and
 //! every placement request with the snapshot version it was decided on and
 //! its answer. Nothing of it is written on the request's path: the handler
-//! hands the recorder an event (a clone of the request, an `Arc` of the
-//! snapshot) through a bounded queue that never blocks, and one writer
-//! thread encodes, compresses and writes. An event the queue has no room
-//! for is counted as dropped, never waited for.
+//! hands the recorder an event (a PickCpu's entry already encoded, the
+//! other requests and answers, an `Arc` of a snapshot) through a bounded
+//! queue that never blocks, and one writer thread encodes the rest,
+//! compresses and writes. An event the queue has no room for is counted
+//! as dropped, never waited for.
 //!
 //! | file | owns |
 //! |---|---|
 //! | `mod.rs` | the [`Hub`] handlers and the store tell, and starting and stopping recorders |
 //! | `segment.rs` | the bytes: segment files of checksummed blocks |
+//! | `wire.rs` | the two bulk entries (a node's state, a PickCpu) in protobuf's wire format, written by hand |
 //! | `writer.rs` | the writer thread: entries, keyframes, sinks (files rotated by size, admin streams) |
 //! | `replay/` | `fairplace-server replay`: states rebuilt, decisions made again, switches judged |
 

@@ -264,9 +264,9 @@ fn delta(a: &[pb::CpuState], b: &[pb::CpuState], shape: Shape, seq: u64) -> Vec<
             let visit = seq * k + j;
             let cpu = (visit % n) as usize;
             if (visit / n).is_multiple_of(2) {
-                a[cpu].clone()
+                a[cpu]
             } else {
-                b[cpu].clone()
+                b[cpu]
             }
         })
         .collect()
