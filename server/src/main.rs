@@ -268,9 +268,10 @@ struct ServeArgs {
     /// for `fairplace-server replay DIR`.
     #[arg(long, value_name = "DIR")]
     record: Option<std::path::PathBuf>,
-    /// The recording's budget: its oldest segments are deleted once DIR
-    /// holds more (bytes).
-    #[arg(long, default_value_t = 1 << 30, value_parser = clap::value_parser!(u64).range(1 << 20..), requires = "record")]
+    /// The recording's budget (bytes): segments rotate at a quarter of it,
+    /// and the oldest are deleted so that DIR never holds more (but for the
+    /// block being written).
+    #[arg(long, default_value_t = 1 << 30, value_parser = clap::value_parser!(u64).range(256 << 10..), requires = "record")]
     record_max_bytes: u64,
     #[command(flatten)]
     replicas: ReplicaArgs,

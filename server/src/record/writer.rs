@@ -78,8 +78,8 @@ impl FileSink {
             dir,
             max_total,
             // Four segments to the budget, so deleting the oldest frees a
-            // quarter; never below one block's worth.
-            seg_max: (max_total / 4).max(2 * BLOCK_TARGET as u64),
+            // quarter; at least a block's worth.
+            seg_max: (max_total / 4).max(BLOCK_TARGET as u64),
             next_index,
             cur: None,
             segs,
@@ -103,9 +103,16 @@ impl FileSink {
         Ok(())
     }
 
+    /// Deletes the oldest segments until the others and the room the new
+    /// one may still grow into fit the budget: the directory stays within
+    /// it (but for the last block written).
     fn trim(&mut self) {
         let mut total: u64 = self.segs.iter().map(|(_, l)| l).sum();
-        while total > self.max_total && self.segs.len() > 1 {
+        let growing = self
+            .segs
+            .back()
+            .map_or(0, |(_, l)| self.seg_max.saturating_sub(*l));
+        while total + growing > self.max_total && self.segs.len() > 1 {
             let Some((p, l)) = self.segs.pop_front() else {
                 break;
             };
