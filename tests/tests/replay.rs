@@ -581,6 +581,39 @@ fn an_admin_records_a_running_server_over_mutual_tls() {
     assert!(n >= 20, "{report}");
     assert_eq!(report["reproduced"].as_u64().unwrap(), n);
 
+    // At most four recordings stream at once; a slot comes back when one ends.
+    let streams: Vec<_> = (0..4)
+        .map(|k| {
+            let dir = dir.0.join(format!("many-{k}"));
+            let a = with(
+                "admin",
+                &["record", dir.to_str().unwrap(), "--seconds", "3"],
+            );
+            let server = server.grpc.clone();
+            std::thread::spawn(move || {
+                let a: Vec<&str> = a.iter().map(String::as_str).collect();
+                cli(&server, &a)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let fifth = dir.0.join("fifth");
+    let (code, _, err) = run(with(
+        "admin",
+        &["record", fifth.to_str().unwrap(), "--seconds", "1"],
+    ));
+    assert_ne!(code, 0);
+    assert!(err.contains("ResourceExhausted"), "{err}");
+    for t in streams {
+        let (code, out, err) = t.join().unwrap();
+        assert_eq!(code, 0, "{out}{err}");
+    }
+    let (code, out, err) = run(with(
+        "admin",
+        &["record", fifth.to_str().unwrap(), "--seconds", "1"],
+    ));
+    assert_eq!(code, 0, "{out}{err}");
+
     // Only admins record; a bad duration is refused by name.
     let (code, _, err) = run(with(
         "orchestrator",

@@ -46,6 +46,8 @@ use writer::{FileSink, Sink, StreamSink};
 
 /// Events the queue to the writer holds before new ones are dropped.
 const QUEUE: usize = 1 << 16;
+/// AdminService.Record streams at once.
+pub const MAX_STREAMS: usize = 4;
 
 /// What the store and the handlers tell a recorder.
 pub(crate) enum Event {
@@ -108,6 +110,8 @@ pub struct Hub {
     starting: Mutex<()>,
     /// The writer thread, joined at [`Hub::finish`].
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// AdminService.Record streams running.
+    streams: Arc<std::sync::atomic::AtomicUsize>,
     /// The wall clock in ms, as the writer last read it: what a PickCpu's
     /// entry is stamped with (a clock read per decision would cost more).
     now_ms: AtomicU64,
@@ -122,6 +126,7 @@ impl Hub {
             active: ArcSwapOption::empty(),
             starting: Mutex::new(()),
             writer: Mutex::new(None),
+            streams: Default::default(),
             now_ms: AtomicU64::new(writer::unix_ms()),
             system: store.config.system,
             switches: Arc::clone(&store.switches),
@@ -144,16 +149,24 @@ impl Hub {
     }
 
     /// Records for `seconds` (or until `max_bytes` are sent, or the
-    /// receiver goes) into the returned stream of one segment's bytes.
+    /// receiver goes) into the returned stream of one segment's bytes; at
+    /// most [`MAX_STREAMS`] at once (each may hold a few MiB queued for a
+    /// slow reader), RESOURCE_EXHAUSTED beyond.
     pub fn stream(
         self: &Arc<Self>,
         seconds: u32,
         max_bytes: u64,
-    ) -> tokio::sync::mpsc::Receiver<Result<pb::RecordChunk, tonic::Status>> {
+    ) -> Result<tokio::sync::mpsc::Receiver<Result<pb::RecordChunk, tonic::Status>>, tonic::Status>
+    {
+        let slot = writer::StreamSlot::take(&self.streams, MAX_STREAMS).ok_or_else(|| {
+            tonic::Status::resource_exhausted(format!(
+                "Record: {MAX_STREAMS} recordings are streaming already; retry when one ends"
+            ))
+        })?;
         let (tx, rx) = tokio::sync::mpsc::channel(writer::STREAM_QUEUE);
         let until = Instant::now() + Duration::from_secs(seconds as u64);
-        self.attach(Sink::Stream(StreamSink::new(tx, until, max_bytes)));
-        rx
+        self.attach(Sink::Stream(StreamSink::new(tx, until, max_bytes, slot)));
+        Ok(rx)
     }
 
     fn attach(self: &Arc<Self>, sink: Sink) {

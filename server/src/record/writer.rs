@@ -149,6 +149,29 @@ pub(crate) struct StreamSink {
     until: Instant,
     left: u64,
     started: bool,
+    /// Counted among the streams running until the sink goes.
+    _slot: StreamSlot,
+}
+
+/// One of the streams allowed at once, given back when dropped.
+pub(crate) struct StreamSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl StreamSlot {
+    /// A slot of `running`, if fewer than `max` are taken.
+    pub fn take(running: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Option<StreamSlot> {
+        running
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| StreamSlot(Arc::clone(running)))
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl StreamSink {
@@ -156,12 +179,14 @@ impl StreamSink {
         tx: tokio::sync::mpsc::Sender<Result<pb::RecordChunk, tonic::Status>>,
         until: Instant,
         max_bytes: u64,
+        slot: StreamSlot,
     ) -> StreamSink {
         StreamSink {
             tx,
             until,
             left: if max_bytes == 0 { 1 << 30 } else { max_bytes },
             started: false,
+            _slot: slot,
         }
     }
 

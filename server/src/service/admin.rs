@@ -411,7 +411,7 @@ impl AdminService for Admin {
                 r.seconds
             )));
         }
-        let rx = self.recorder.stream(r.seconds, r.max_bytes);
+        let rx = self.recorder.stream(r.seconds, r.max_bytes)?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
