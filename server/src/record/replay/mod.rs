@@ -28,6 +28,8 @@ use nodes::Tracks;
 
 /// Answers not reproduced that the report keeps whole (all are counted).
 const MAX_MISMATCHES: usize = 1000;
+/// Placements one node keeps waiting for its next report.
+const MAX_WAITING: usize = 1 << 16;
 
 /// One setting to replay under: switches set over each decision's own
 /// features.
@@ -328,11 +330,15 @@ impl Replay {
             return;
         }
         if let Some(chosen) = chosen.into_iter().collect::<Option<Vec<usize>>>() {
+            let waiting = self.pending.entry(d.node_id.clone()).or_default();
+            // A node that stops reporting would hold its placements for the
+            // rest of the recording: beyond a bound they go unjudged.
+            if waiting.len() >= MAX_WAITING {
+                self.report.unjudged += 1;
+                return;
+            }
             let prev = decide::prev_cpu(d, &v);
-            self.pending
-                .entry(d.node_id.clone())
-                .or_default()
-                .push(Pending { prev, chosen });
+            waiting.push(Pending { prev, chosen });
         }
     }
 
